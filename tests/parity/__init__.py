@@ -1,0 +1,1 @@
+"""Per-component parity runners. Each module exposes `run_case(case_dir, manifest, parity_root)`."""
