@@ -1,0 +1,102 @@
+"""One attention entry point for every DiT attention, with named backends.
+
+Layout in and out is (B, L, H, D) (tokens before heads, as the Wan code keeps it). SDPA is the
+reference backend; the `sdpa_*` variants pin one SDPA kernel (flash / cuDNN / memory-efficient / math)
+through `torch.nn.attention.sdpa_kernel`, and `reference` is the readable float32 softmax path used to
+check the others. Further kernels (e.g. fp8 attention) register themselves with
+`register_attention_backend`.
+
+The official InfiniteTalk code attends to the full zero-padded text context (its `context_lens` is
+None), so the DiT passes no mask; `k_lens` exists for callers that do want key-length masking.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# A backend takes q, k, v in (B, H, L, D) layout, an optional boolean mask broadcastable to
+# (B, H, Lq, Lk) (True = attend) and the softmax scale; it returns (B, H, Lq, Dv).
+AttentionBackend = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor
+]
+
+_BACKENDS: dict[str, AttentionBackend] = {}
+
+
+def register_attention_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
+    """Decorator adding a backend under `name` (import-time registration only)."""
+
+    def wrap(fn: AttentionBackend) -> AttentionBackend:
+        if name in _BACKENDS:
+            raise ValueError(f"attention backend {name!r} is already registered")
+        _BACKENDS[name] = fn
+        return fn
+
+    return wrap
+
+
+def attention_backends() -> tuple[str, ...]:
+    """Names of the registered backends."""
+    return tuple(sorted(_BACKENDS))
+
+
+@register_attention_backend("sdpa")
+def _sdpa(q, k, v, mask, scale):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def _pinned_sdpa(kernel: SDPBackend) -> AttentionBackend:
+    def run(q, k, v, mask, scale):
+        with sdpa_kernel(kernel):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    return run
+
+
+register_attention_backend("sdpa_flash")(_pinned_sdpa(SDPBackend.FLASH_ATTENTION))
+register_attention_backend("sdpa_cudnn")(_pinned_sdpa(SDPBackend.CUDNN_ATTENTION))
+register_attention_backend("sdpa_efficient")(_pinned_sdpa(SDPBackend.EFFICIENT_ATTENTION))
+register_attention_backend("sdpa_math")(_pinned_sdpa(SDPBackend.MATH))
+
+
+@register_attention_backend("reference")
+def _reference(q, k, v, mask, scale):
+    """softmax(q k^T * scale) v computed in float32, the readable definition."""
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) * scale  # (B, H, Lq, Lk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v.float())  # (B, H, Lq, Dv)
+    return out.to(v.dtype)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    backend: str = "sdpa",
+    k_lens: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Multi-head attention. q (B, Lq, H, D), k (B, Lk, H, D), v (B, Lk, H, Dv) -> (B, Lq, H, Dv).
+
+    q, k and v must share one dtype (bf16, fp16 or fp32; CPU or CUDA). `k_lens` (B,) masks keys at
+    positions >= k_lens[b]. `scale` defaults to 1/sqrt(D).
+    """
+    try:
+        fn = _BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {backend!r}; known: {attention_backends()}") from None
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    mask = None
+    if k_lens is not None:
+        positions = torch.arange(k.shape[1], device=k.device)  # (Lk,)
+        mask = (positions[None, :] < k_lens[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+    out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale)  # (B, H, Lq, Dv)
+    return out.transpose(1, 2)  # (B, Lq, H, Dv)
