@@ -1,0 +1,490 @@
+"""Wan2.1 causal 3D VAE (video <-> 16-channel latent, 4x in time, 8x in space).
+
+Parameter names follow the official `Wan2.1_VAE.pth` (a plain `state_dict` of the official `WanVAE_`),
+so that file loads strictly with no renaming. Video is processed causally in time chunks (encode:
+frame 0, then 4 frames at a time; decode: one latent frame at a time). Every causal conv keeps the
+last input frames of the previous chunk in an explicit `CausalCache` that the caller owns, so a
+stream can be continued across calls and nothing is stored on the modules between calls.
+
+Optional spatial tiling (`TileSpec`) bounds peak memory for 720P. It is NOT exact: besides zero
+padding at tile borders, the mid-block self-attention spans the whole frame, so every value changes
+a little (see `tests/test_vae.py` for the measured error).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# Per-channel latent statistics of the official WanVAE wrapper (float32).
+LATENT_MEAN = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)  # fmt: skip
+LATENT_STD = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)  # fmt: skip
+
+TIME_STRIDE = 4
+SPACE_STRIDE = 8
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """Architecture of the Wan2.1 VAE (`dim` is the base channel width)."""
+
+    dim: int = 96
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temporal_downsample: tuple[bool, ...] = (False, True, True)
+
+
+VAE_CONFIGS: dict[str, VAEConfig] = {
+    "wan2.1": VAEConfig(),
+    "tiny": VAEConfig(dim=8),
+}
+
+
+@dataclass
+class CausalCache:
+    """Streaming state of one encode or decode stream: trailing frames per causal conv, by module name.
+
+    A fresh (empty) cache starts a new clip; passing the same cache to the next call continues it.
+    """
+
+    frames: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def started(self) -> bool:
+        return bool(self.frames)
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """Spatial tiling in pixels (multiples of 8): tiles of `tile` px every `stride` px, blended linearly."""
+
+    tile: int = 256
+    stride: int = 192
+
+    def __post_init__(self) -> None:
+        if self.tile % SPACE_STRIDE or self.stride % SPACE_STRIDE or not 0 < self.stride <= self.tile:
+            raise ValueError(f"TileSpec needs multiples of 8 with 0 < stride <= tile, got {self}")
+
+
+# ---------------------------------------------------------------------------------------------
+# building blocks
+
+
+class CausalConv3d(nn.Conv3d):
+    """3D conv that pads only the past in time; with a cache, the past is the previous chunk's frames."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        pt, ph, pw = self.padding
+        self.time_pad = 2 * pt
+        self.space_pad = (pw, pw, ph, ph)
+        self.padding = (0, 0, 0)
+        self.cache_key = ""  # set by CausalVAE to the module's name
+
+    def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        if self.time_pad and cache is not None:
+            prev = cache.frames.get(self.cache_key)
+            if prev is not None:
+                x = torch.cat([prev.to(x.dtype), x], dim=2)  # (B, C, P+T, H, W)
+            cache.frames[self.cache_key] = x[:, :, -self.time_pad :].clone()
+            front = self.time_pad - (0 if prev is None else prev.shape[2])
+        else:
+            front = self.time_pad
+        x = F.pad(x, (*self.space_pad, front, 0))
+        return super().forward(x)
+
+
+class RMSNorm(nn.Module):
+    """Channel-first RMS norm: L2-normalise over channels, times sqrt(C) and a learned gain."""
+
+    def __init__(self, dim: int, images: bool = False) -> None:
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+def _frames_to_batch(x: torch.Tensor) -> torch.Tensor:
+    b, c, t, h, w = x.shape
+    return x.transpose(1, 2).reshape(b * t, c, h, w)  # (B*T, C, H, W)
+
+
+def _batch_to_frames(x: torch.Tensor, b: int) -> torch.Tensor:
+    bt, c, h, w = x.shape
+    return x.reshape(b, bt // b, c, h, w).transpose(1, 2)  # (B, C, T, H, W)
+
+
+class Resample(nn.Module):
+    """2x spatial up/down-sampling per frame, optionally with 2x causal temporal up/down-sampling."""
+
+    def __init__(self, dim: int, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        if mode.startswith("upsample"):
+            self.resample = nn.Sequential(
+                nn.Upsample(scale_factor=2.0, mode="nearest-exact"), nn.Conv2d(dim, dim // 2, 3, padding=1)
+            )
+        elif mode.startswith("downsample"):
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=2))
+        else:
+            raise ValueError(f"unknown resample mode {mode!r}")
+        if mode == "upsample3d":
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        elif mode == "downsample3d":
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        b = x.shape[0]
+        if self.mode == "upsample3d":
+            x = self._time_upsample(x, cache)
+        x = _batch_to_frames(self.resample(_frames_to_batch(x)), b)
+        if self.mode == "downsample3d":
+            x = self._time_downsample(x, cache)
+        return x
+
+    def _time_upsample(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        key = self.time_conv.cache_key
+        if key not in cache.frames:
+            # The clip's first latent frame stays one frame; later frames see zeros as their past.
+            b, c, _, h, w = x.shape
+            cache.frames[key] = x.new_zeros(b, c, self.time_conv.time_pad, h, w)
+            return x
+        b, c, t, h, w = x.shape
+        y = self.time_conv(x, cache)  # (B, 2C, T, H, W)
+        return y.reshape(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+
+    def _time_downsample(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        key = self.time_conv.cache_key
+        prev = cache.frames.get(key)
+        cache.frames[key] = x[:, :, -1:].clone()
+        if prev is None:  # the clip's first frame passes through
+            return x
+        return self.time_conv(torch.cat([prev.to(x.dtype), x], dim=2))  # (B, C, T/2, H, W)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.residual = nn.Sequential(
+            RMSNorm(in_dim),
+            nn.SiLU(),
+            CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMSNorm(out_dim),
+            nn.SiLU(),
+            nn.Dropout(0.0),
+            CausalConv3d(out_dim, out_dim, 3, padding=1),
+        )
+        self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        return _run(self.residual, x, cache) + self.shortcut(x)
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the positions of each frame separately."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dim, images=True)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        y = self.to_qkv(self.norm(_frames_to_batch(x)))  # (B*T, 3C, H, W)
+        q, k, v = y.flatten(2).transpose(1, 2).unsqueeze(1).chunk(3, dim=-1)  # (B*T, 1, HW, C) each
+        y = F.scaled_dot_product_attention(q, k, v)  # (B*T, 1, HW, C)
+        y = y.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        return _batch_to_frames(self.proj(y), b) + x
+
+
+def _run(layers: nn.Sequential, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+    """Apply a sequence, handing the cache to the layers that keep causal state."""
+    for layer in layers:
+        x = layer(x, cache) if isinstance(layer, CausalConv3d | ResidualBlock | Resample) else layer(x)
+    return x
+
+
+class Encoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig) -> None:
+        super().__init__()
+        dims = [cfg.dim * m for m in (1, *cfg.dim_mult)]
+        self.conv1 = CausalConv3d(3, dims[0], 3, padding=1)
+        blocks: list[nn.Module] = []
+        scale = 1.0
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            for _ in range(cfg.num_res_blocks):
+                blocks.append(ResidualBlock(in_dim, out_dim))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < len(cfg.dim_mult) - 1:
+                blocks.append(
+                    Resample(out_dim, "downsample3d" if cfg.temporal_downsample[i] else "downsample2d")
+                )
+                scale /= 2.0
+        self.downsamples = nn.Sequential(*blocks)
+        top = dims[-1]
+        self.middle = nn.Sequential(ResidualBlock(top, top), AttentionBlock(top), ResidualBlock(top, top))
+        self.head = nn.Sequential(RMSNorm(top), nn.SiLU(), CausalConv3d(top, cfg.z_dim * 2, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        x = self.conv1(x, cache)
+        for seq in (self.downsamples, self.middle, self.head):
+            x = _run(seq, x, cache)
+        return x
+
+
+class Decoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig) -> None:
+        super().__init__()
+        mult = cfg.dim_mult
+        dims = [cfg.dim * m for m in (mult[-1], *mult[::-1])]
+        temporal_upsample = cfg.temporal_downsample[::-1]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(
+            ResidualBlock(dims[0], dims[0]), AttentionBlock(dims[0]), ResidualBlock(dims[0], dims[0])
+        )
+        blocks: list[nn.Module] = []
+        scale = 1.0 / 2 ** (len(mult) - 2)
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            if i > 0:
+                in_dim //= 2  # the previous upsampler's conv halves the channels
+            for _ in range(cfg.num_res_blocks + 1):
+                blocks.append(ResidualBlock(in_dim, out_dim))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < len(mult) - 1:
+                blocks.append(Resample(out_dim, "upsample3d" if temporal_upsample[i] else "upsample2d"))
+                scale *= 2.0
+        self.upsamples = nn.Sequential(*blocks)
+        self.head = nn.Sequential(RMSNorm(dims[-1]), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        x = self.conv1(x, cache)
+        for seq in (self.middle, self.upsamples, self.head):
+            x = _run(seq, x, cache)
+        return x
+
+
+class CausalVAE(nn.Module):
+    """The bare autoencoder (official `WanVAE_` parameter names); works on unscaled latents."""
+
+    def __init__(self, cfg: VAEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder3d(cfg)
+        self.conv1 = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
+        self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
+        self.decoder = Decoder3d(cfg)
+        for name, module in self.named_modules():
+            if isinstance(module, CausalConv3d):
+                module.cache_key = name
+
+    def encode(self, video: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        """(B, 3, T, H, W) -> posterior mean (B, z, T', H/8, W/8); a fresh clip needs T = 1 + 4k.
+
+        Frame 0 is encoded alone, then 4 frames at a time. A started `cache` continues a stream
+        (then T = 4k and T' = k).
+        """
+        cache = CausalCache() if cache is None else cache
+        t = video.shape[2]
+        first = 0 if cache.started else 1
+        if t < first or (t - first) % TIME_STRIDE:
+            want = "1 + 4k" if first else "4k (continuing a stream)"
+            raise ValueError(f"VAE encode needs {want} frames, got {t}")
+        bounds = ([(0, 1)] if first else []) + [(s, s + TIME_STRIDE) for s in range(first, t, TIME_STRIDE)]
+        feats = [self.encoder(video[:, :, a:b], cache) for a, b in bounds]  # each (B, 2z, 1, h, w)
+        mu, _log_var = self.conv1(torch.cat(feats, dim=2)).chunk(2, dim=1)
+        return mu
+
+    def decode(self, z: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        """Unscaled latent (B, z, L, h, w) -> video (B, 3, 1 + 4(L-1), 8h, 8w) (4L when continuing)."""
+        cache = CausalCache() if cache is None else cache
+        x = self.conv2(z)
+        frames = [self.decoder(x[:, :, i : i + 1], cache) for i in range(x.shape[2])]
+        return torch.cat(frames, dim=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# spatial tiling
+
+
+def _tile_starts(size: int, tile: int, stride: int) -> list[int]:
+    if size <= tile:
+        return [0]
+    starts = list(range(0, size - tile, stride))
+    return [*starts, size - tile]  # the last tile is pulled back to end at the border
+
+
+def _blend_ramp(starts: list[int], length: int, i: int, size: int) -> torch.Tensor:
+    """1D blend weight of tile i: linear ramps over its overlaps with the neighbouring tiles."""
+    s, e = starts[i], min(starts[i] + length, size)
+    w = torch.ones(e - s, dtype=torch.float64)
+    if i > 0:
+        n = min(starts[i - 1] + length, size) - s
+        up = torch.arange(1, n + 1, dtype=torch.float64) / (n + 1)
+        w[:n] = torch.minimum(w[:n], up)
+    if i < len(starts) - 1:
+        n = e - starts[i + 1]
+        down = torch.arange(n, 0, -1, dtype=torch.float64) / (n + 1)
+        w[e - s - n :] = torch.minimum(w[e - s - n :], down)
+    return w
+
+
+def _tiled(
+    fn, x: torch.Tensor, tile: int, stride: int, factor: int, out_channels: int, out_frames: int
+) -> torch.Tensor:
+    """Run `fn` on overlapping spatial tiles of x (B, C, T, H, W) and blend the upscaled-by-`factor` outputs.
+
+    `tile`/`stride` are in x's pixels; `factor` is output pixels per input pixel (8 decode, 1/8 encode).
+    """
+    b, _, _, h, w = x.shape
+    hs, ws = _tile_starts(h, tile, stride), _tile_starts(w, tile, stride)
+    oh, ow = int(h * factor), int(w * factor)
+    out = torch.zeros(b, out_channels, out_frames, oh, ow, dtype=torch.float32, device=x.device)
+    weight = torch.zeros(oh, ow, dtype=torch.float32, device=x.device)
+    o_hs, o_ws = [int(s * factor) for s in hs], [int(s * factor) for s in ws]
+    o_tile_h, o_tile_w = int(min(tile, h) * factor), int(min(tile, w) * factor)
+    for i, h0 in enumerate(hs):
+        wh = _blend_ramp(o_hs, o_tile_h, i, oh)
+        for j, w0 in enumerate(ws):
+            ww = _blend_ramp(o_ws, o_tile_w, j, ow)
+            y = fn(x[:, :, :, h0 : h0 + tile, w0 : w0 + tile]).float()  # (B, C', T', th, tw)
+            wt = (wh[:, None] * ww[None, :]).to(out.device, torch.float32)  # (th, tw)
+            ys, xs = o_hs[i], o_ws[j]
+            out[..., ys : ys + wt.shape[0], xs : xs + wt.shape[1]] += y * wt
+            weight[ys : ys + wt.shape[0], xs : xs + wt.shape[1]] += wt
+    return out / weight
+
+
+# ---------------------------------------------------------------------------------------------
+# public wrapper
+
+
+class WanVAE:
+    """Scaled-latent interface of the Wan2.1 VAE: what the pipeline uses.
+
+    `encode` returns (mu - mean) / std per channel; `decode` inverts that before decoding. Latents are
+    float32; the model runs in its own dtype.
+    """
+
+    def __init__(self, model: CausalVAE) -> None:
+        self.model = model.eval().requires_grad_(False)
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        self.mean = torch.tensor(LATENT_MEAN, dtype=torch.float32, device=self.device).view(1, -1, 1, 1, 1)
+        self.inv_std = 1.0 / torch.tensor(LATENT_STD, dtype=torch.float32, device=self.device).view(
+            1, -1, 1, 1, 1
+        )
+
+    @property
+    def z_dim(self) -> int:
+        return self.model.cfg.z_dim
+
+    @torch.no_grad()
+    def encode(
+        self, video: torch.Tensor, tiling: TileSpec | None = None, cache: CausalCache | None = None
+    ) -> torch.Tensor:
+        """Video (B, 3, T, H, W) in [-1, 1], T = 1 + 4k, H, W multiples of 8 -> latent (B, 16, 1 + k, H/8, W/8)."""
+        _check_video(video)
+        x = video.to(self.device, self.dtype)
+        if tiling is None:
+            mu = self.model.encode(x, cache)
+        else:
+            if cache is not None:
+                raise ValueError(
+                    "tiled encode keeps one cache per tile; streaming with a cache is untiled only"
+                )
+            frames = 1 + (x.shape[2] - 1) // TIME_STRIDE
+            mu = _tiled(
+                self.model.encode, x, tiling.tile, tiling.stride, 1 / SPACE_STRIDE, self.z_dim, frames
+            )
+        return (mu.float() - self.mean) * self.inv_std
+
+    @torch.no_grad()
+    def decode(
+        self,
+        latent: torch.Tensor,
+        tiling: TileSpec | None = None,
+        clamp: bool = True,
+        cache: CausalCache | None = None,
+    ) -> torch.Tensor:
+        """Latent (B, 16, L, h, w) -> video (B, 3, 1 + 4(L-1), 8h, 8w), clamped to [-1, 1] unless `clamp=False`."""
+        if latent.ndim != 5 or latent.shape[1] != self.z_dim:
+            raise ValueError(f"latent must be (B, {self.z_dim}, L, h, w), got {tuple(latent.shape)}")
+        z = (latent.to(self.device, torch.float32) / self.inv_std + self.mean).to(self.dtype)
+        if tiling is None:
+            video = self.model.decode(z, cache).float()
+        else:
+            if cache is not None:
+                raise ValueError(
+                    "tiled decode keeps one cache per tile; streaming with a cache is untiled only"
+                )
+            frames = 1 + TIME_STRIDE * (z.shape[2] - 1)
+            tile, stride = tiling.tile // SPACE_STRIDE, tiling.stride // SPACE_STRIDE
+            video = _tiled(self.model.decode, z, tile, stride, SPACE_STRIDE, 3, frames)
+        return video.clamp_(-1.0, 1.0) if clamp else video
+
+
+def _check_video(video: torch.Tensor) -> None:
+    if video.ndim != 5 or video.shape[1] != 3:
+        raise ValueError(f"video must be (B, 3, T, H, W), got {tuple(video.shape)}")
+    h, w = video.shape[-2:]
+    if h % SPACE_STRIDE or w % SPACE_STRIDE:
+        raise ValueError(f"video height and width must be multiples of 8, got {h}x{w}")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def vae_config_from_state(state: dict[str, torch.Tensor]) -> VAEConfig:
+    """Read base width and latent channels off the checkpoint; the rest is the Wan2.1 layout."""
+    try:
+        dim = state["encoder.conv1.weight"].shape[0]
+        z_dim = state["conv2.weight"].shape[0]
+    except KeyError as e:
+        raise KeyError(f"not a Wan VAE state dict: missing {e.args[0]!r}") from e
+    return VAEConfig(dim=dim, z_dim=z_dim)
+
+
+def load_vae(
+    pth: Path | str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    config: VAEConfig | None = None,
+) -> WanVAE:
+    """Load `Wan2.1_VAE.pth` (or a tiny one) strictly into a meta-built model; returns the scaled wrapper."""
+    from model.loading import read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
+
+    pth = Path(pth)
+    state = read_torch_state(pth)
+    try:
+        cfg = config or vae_config_from_state(state)
+    except KeyError as e:
+        raise ValueError(f"{pth}: {e.args[0]}") from e
+    with torch.device("meta"):
+        model = CausalVAE(cfg)
+    strict_assign(model, state, source=pth, dtype=dtype, device=device)
+    log.info("loaded VAE %s (dim %d, %s, %s)", pth, cfg.dim, dtype, device)
+    return WanVAE(model)
