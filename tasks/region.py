@@ -1,0 +1,555 @@
+"""Region dubbing geometry: find the speaker's face, plan a steady bucket-aspect crop, crop and composite back.
+
+InfiniteTalk generates video at a fixed set of bucket sizes.  Dubbing a whole film frame at 480p/720p loses
+detail and re-renders pixels that do not need to change, so the default is to dub only a head-and-shoulders
+crop around the main speaker: the crop box is snapped to a bucket aspect (so it resizes to the bucket with no
+extra cropping), held steady over the shot, and the dubbed crop is blended back with a feathered border.
+Every pixel outside the box stays bit-identical to the source.
+
+Frames are numpy uint8 RGB arrays, either one ``(T, H, W, 3)`` array or an iterable of ``(H, W, 3)`` frames.
+Boxes are ``(x0, y0, x1, y1)`` half-open integer source-pixel coordinates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Box = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open, source pixels
+
+# Official InfiniteTalk bucket tables (wan/utils/multitalk_utils.py, ASPECT_RATIO_627 / ASPECT_RATIO_960):
+# (h/w key as the official code compares it, (height, width)).  Kept in key order: ties go to the first.
+# fmt: off
+_BUCKET_TABLES: dict[str, tuple[tuple[float, tuple[int, int]], ...]] = {
+    "infinitetalk-480": (
+        (0.26, (320, 1216)), (0.38, (384, 1024)), (0.50, (448, 896)), (0.67, (512, 768)),
+        (0.82, (576, 704)), (1.00, (640, 640)), (1.22, (704, 576)), (1.50, (768, 512)),
+        (1.86, (832, 448)), (2.00, (896, 448)), (2.50, (960, 384)), (2.83, (1088, 384)),
+        (3.60, (1152, 320)), (3.80, (1216, 320)), (4.00, (1280, 320)),
+    ),
+    "infinitetalk-720": (
+        (0.22, (448, 2048)), (0.29, (512, 1792)), (0.36, (576, 1600)), (0.45, (640, 1408)),
+        (0.55, (704, 1280)), (0.63, (768, 1216)), (0.76, (832, 1088)), (0.88, (896, 1024)),
+        (1.00, (960, 960)), (1.14, (1024, 896)), (1.31, (1088, 832)), (1.50, (1152, 768)),
+        (1.58, (1216, 768)), (1.82, (1280, 704)), (1.91, (1344, 704)), (2.20, (1408, 640)),
+        (2.30, (1472, 640)), (2.67, (1536, 576)), (2.89, (1664, 576)), (3.62, (1856, 512)),
+        (3.75, (1920, 512)),
+    ),
+}
+# fmt: on
+
+
+def bucket_table(size: str) -> tuple[tuple[float, tuple[int, int]], ...]:
+    """The official bucket table for ``size`` ("infinitetalk-480" or "infinitetalk-720")."""
+    try:
+        return _BUCKET_TABLES[size]
+    except KeyError:
+        raise ValueError(f"unknown bucket size {size!r}; expected one of {sorted(_BUCKET_TABLES)}") from None
+
+
+def nearest_bucket(height: float, width: float, size: str = "infinitetalk-480") -> tuple[int, int]:
+    """Bucket (h, w) whose official h/w key is closest to ``height / width`` (the official choice rule)."""
+    if height <= 0 or width <= 0:
+        raise ValueError(f"bucket query needs a positive size, got {height}x{width}")
+    ratio = height / width
+    return min(bucket_table(size), key=lambda kv: abs(kv[0] - ratio))[1]
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """How a shot's dub region is chosen.  Sizes relative to the face are in face widths/heights."""
+
+    mode: str = "region"  # "region": head-and-shoulders crop; "full": whole frame like the official code
+    size: str = "infinitetalk-480"  # bucket table
+    sample_every: int = 5  # run the detector on every k-th frame ...
+    max_samples: int = 16  # ... but on at most this many frames (when the frame count is known)
+    detect_max_side: int = 384  # frames are downscaled to this longest side for detection
+    min_face_frac: float = 0.06  # ignore faces smaller than this fraction of the frame's short side
+    min_track_frac: float = 0.3  # the main face must be seen in this fraction of sampled frames
+    expand_w: float = 2.6  # crop width = face width * expand_w (before bucket snapping)
+    expand_h: float = 3.0  # crop height = face height * expand_h
+    shift_down: float = 0.35  # crop centre sits this many face heights below the face centre
+    min_crop_frac: float = 0.3  # crop height is at least this fraction of the frame height
+    motion: str = "auto"  # "static": one box per shot; "follow": the box pans with the face; "auto": pick
+    static_motion_frac: float = 0.08  # auto: static when the centre moves less than this fraction of the crop
+    smooth_window: int = 5  # median window over the sampled face boxes
+    ema_alpha: float = 0.2  # zero-phase EMA factor of the per-frame crop centre in follow mode
+    feather_px: int = 12  # width of the alpha ramp at the crop border when compositing
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("region", "full"):
+            raise ValueError(f"RegionConfig.mode must be 'region' or 'full', got {self.mode!r}")
+        if self.motion not in ("auto", "static", "follow"):
+            raise ValueError(f"RegionConfig.motion must be 'auto', 'static' or 'follow', got {self.motion!r}")
+        bucket_table(self.size)
+        if self.sample_every < 1 or self.max_samples < 1 or self.smooth_window < 1:
+            raise ValueError("RegionConfig.sample_every, max_samples and smooth_window must be >= 1")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"RegionConfig.ema_alpha must be in (0, 1], got {self.ema_alpha}")
+        if self.feather_px < 0:
+            raise ValueError(f"RegionConfig.feather_px must be >= 0, got {self.feather_px}")
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """Where a shot is dubbed: a bucket-aspect box (or one per frame when following motion) and why."""
+
+    mode: str  # "region" | "full"
+    box: Box  # the shot's box; in follow mode the median of the per-frame boxes
+    bucket: tuple[int, int]  # model size (h, w); box aspect equals bucket aspect within a pixel
+    face_found: bool
+    detections: int  # face detections on the main track (0 without a face)
+    reason: str
+    frame_size: tuple[int, int] = (0, 0)  # source (H, W)
+    num_frames: int = 0
+    frame_boxes: tuple[Box, ...] | None = None  # per-frame boxes (same size) when the crop follows the face
+    face_box: Box | None = None  # median face box of the main track
+
+    def box_at(self, t: int) -> Box:
+        """Crop box of frame ``t``."""
+        if self.frame_boxes is None:
+            return self.box
+        return self.frame_boxes[min(t, len(self.frame_boxes) - 1)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (tuples become lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RegionPlan:
+        """Inverse of :meth:`to_dict`."""
+        fb = d.get("frame_boxes")
+        face = d.get("face_box")
+        return cls(
+            mode=d["mode"],
+            box=_as_box(d["box"]),
+            bucket=(int(d["bucket"][0]), int(d["bucket"][1])),
+            face_found=bool(d["face_found"]),
+            detections=int(d["detections"]),
+            reason=str(d["reason"]),
+            frame_size=(int(d.get("frame_size", (0, 0))[0]), int(d.get("frame_size", (0, 0))[1])),
+            num_frames=int(d.get("num_frames", 0)),
+            frame_boxes=None if fb is None else tuple(_as_box(b) for b in fb),
+            face_box=None if face is None else _as_box(face),
+        )
+
+
+def _as_box(b: Sequence[Any]) -> Box:
+    return (int(b[0]), int(b[1]), int(b[2]), int(b[3]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Face detection
+
+
+class FaceDetector(Protocol):
+    """Finds faces in a grey image ``(H, W)`` float32 in [0, 1]; returns boxes in that image's pixels."""
+
+    def __call__(self, gray: np.ndarray) -> list[Box]: ...
+
+
+class LbpFaceDetector:
+    """OpenCV's LBP frontal-face cascade as shipped and evaluated by scikit-image (no download, no cv2 cascade).
+
+    OpenCV 5 no longer ships ``CascadeClassifier`` nor the Haar cascade files, so the cascade comes from
+    scikit-image's package data.
+    """
+
+    def __init__(self, scale_factor: float = 1.2, min_neighbours: int = 6, min_size: int = 24) -> None:
+        from skimage import data
+        from skimage.feature import Cascade
+
+        self._cascade = Cascade(data.lbp_frontal_face_cascade_filename())
+        self.scale_factor = scale_factor
+        self.min_neighbours = min_neighbours
+        self.min_size = min_size
+
+    def __call__(self, gray: np.ndarray) -> list[Box]:
+        h, w = gray.shape
+        if min(h, w) < self.min_size:
+            return []
+        found = self._cascade.detect_multi_scale(
+            img=np.ascontiguousarray(gray, dtype=np.float32),
+            scale_factor=self.scale_factor,
+            step_ratio=1,
+            min_size=(self.min_size, self.min_size),
+            max_size=(h, w),
+            min_neighbor_number=self.min_neighbours,
+        )
+        return [(d["c"], d["r"], d["c"] + d["width"], d["r"] + d["height"]) for d in found]
+
+
+def _to_frames(frames: np.ndarray | Iterable[np.ndarray]) -> Iterable[np.ndarray]:
+    if isinstance(frames, np.ndarray) and (frames.ndim != 4 or frames.shape[-1] != 3):
+        raise ValueError(f"frames array must be (T, H, W, 3), got shape {frames.shape}")
+    return frames
+
+
+def _check_frame(frame: np.ndarray, size: tuple[int, int] | None) -> tuple[int, int]:
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise ValueError(f"frame must be (H, W, 3) uint8, got {frame.shape} {frame.dtype}")
+    hw = (frame.shape[0], frame.shape[1])
+    if size is not None and hw != size:
+        raise ValueError(f"frame size changed within the shot: {size} -> {hw}")
+    return hw
+
+
+def detect_samples(
+    frames: np.ndarray | Iterable[np.ndarray],
+    detector: FaceDetector,
+    cfg: RegionConfig,
+    num_frames: int | None = None,
+) -> tuple[list[tuple[int, list[Box]]], tuple[int, int], int]:
+    """Run ``detector`` on a subsample of the frames.
+
+    Returns ``([(frame_index, face boxes in source pixels)], (H, W), frame_count)``; tiny faces are dropped.
+    """
+    frames = _to_frames(frames)
+    if num_frames is None and hasattr(frames, "__len__"):
+        num_frames = len(frames)  # type: ignore[arg-type]
+    stride = cfg.sample_every
+    if num_frames:
+        stride = max(stride, math.ceil(num_frames / cfg.max_samples))
+    samples: list[tuple[int, list[Box]]] = []
+    size: tuple[int, int] | None = None
+    count = 0
+    for t, frame in enumerate(frames):
+        size = _check_frame(frame, size)
+        count = t + 1
+        if t % stride:
+            continue
+        h, w = size
+        scale = min(1.0, cfg.detect_max_side / max(h, w))
+        gray = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)
+        if scale < 1.0:
+            gray = cv2.resize(gray, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_AREA)
+        min_side = cfg.min_face_frac * min(h, w)
+        boxes = []
+        for x0, y0, x1, y1 in detector(gray.astype(np.float32) / 255.0):
+            b = (round(x0 / scale), round(y0 / scale), round(x1 / scale), round(y1 / scale))
+            if min(b[2] - b[0], b[3] - b[1]) >= min_side:
+                boxes.append(b)
+        samples.append((t, boxes))
+    if size is None:
+        raise ValueError("shot has no frames")
+    return samples, size, count
+
+
+def _iou(a: Box, b: Box) -> float:
+    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def link_tracks(
+    samples: list[tuple[int, list[Box]]], min_iou: float = 0.2, max_gap: int = 3
+) -> list[list[tuple[int, Box]]]:
+    """Greedy IoU linking of per-sample detections into face tracks (a track may skip ``max_gap`` samples)."""
+    tracks: list[list[tuple[int, Box]]] = []
+    last_sample: list[int] = []
+    for si, (t, boxes) in enumerate(samples):
+        taken: set[int] = set()
+        for box in sorted(boxes, key=lambda b: -(b[2] - b[0]) * (b[3] - b[1])):
+            best, best_iou = -1, min_iou
+            for k, tr in enumerate(tracks):
+                if k in taken or si - last_sample[k] > max_gap + 1:
+                    continue
+                score = _iou(tr[-1][1], box)
+                if score >= best_iou:
+                    best, best_iou = k, score
+            if best < 0:
+                tracks.append([(t, box)])
+                last_sample.append(si)
+                taken.add(len(tracks) - 1)
+            else:
+                tracks[best].append((t, box))
+                last_sample[best] = si
+                taken.add(best)
+    return tracks
+
+
+def main_track(tracks: list[list[tuple[int, Box]]]) -> list[tuple[int, Box]] | None:
+    """The main speaker: the track with the largest (detections x median face side)."""
+    if not tracks:
+        return None
+
+    def score(tr: list[tuple[int, Box]]) -> float:
+        sides = [min(b[2] - b[0], b[3] - b[1]) for _, b in tr]
+        return len(tr) * float(np.median(sides))
+
+    return max(tracks, key=score)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Box geometry
+
+
+def snap_box_size(
+    crop_h: float, crop_w: float, frame_hw: tuple[int, int], size: str
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Grow (h, w) to the nearest bucket aspect, shrink only if it does not fit the frame.
+
+    Returns ``((box_h, box_w), bucket)`` with ``|box_h - box_w * bh / bw| <= 0.5``.
+    """
+    fh, fw = frame_hw
+    bh, bw = nearest_bucket(crop_h, crop_w, size)
+    r = bh / bw
+    if crop_h / crop_w < r:
+        crop_h = crop_w * r
+    else:
+        crop_w = crop_h / r
+    fit = min(1.0, fw / crop_w, fh / crop_h)
+    w = max(1, math.floor(crop_w * fit))
+    while w > 1 and round(w * r) > fh:
+        w -= 1
+    h = max(1, round(w * r))
+    return (h, w), (bh, bw)
+
+
+def _place(cx: float, cy: float, hw: tuple[int, int], frame_hw: tuple[int, int]) -> Box:
+    """Box of size ``hw`` centred at (cx, cy), shifted (never shrunk) to lie inside the frame."""
+    h, w = hw
+    fh, fw = frame_hw
+    x0 = min(max(round(cx - w / 2), 0), fw - w)
+    y0 = min(max(round(cy - h / 2), 0), fh - h)
+    return (x0, y0, x0 + w, y0 + h)
+
+
+def full_frame_box(frame_hw: tuple[int, int], size: str) -> tuple[Box, tuple[int, int]]:
+    """The part of the frame the official resize-and-centre-crop keeps: the largest centred bucket-aspect box."""
+    fh, fw = frame_hw
+    hw, bucket = snap_box_size(float(fh), float(fw), frame_hw, size)
+    return _place(fw / 2, fh / 2, hw, frame_hw), bucket
+
+
+def _median_filter(x: np.ndarray, window: int) -> np.ndarray:
+    """Running median whose window shrinks symmetrically at the ends (keeps linear motion intact)."""
+    half = window // 2
+    n = len(x)
+    return np.array(
+        [np.median(x[i - min(half, i, n - 1 - i) : i + min(half, i, n - 1 - i) + 1]) for i in range(n)]
+    )
+
+
+def _zero_phase_ema(x: np.ndarray, alpha: float) -> np.ndarray:
+    """Forward-backward exponential smoothing (no lag); odd reflection at both ends keeps trends there."""
+    if len(x) < 2:
+        return x.astype(np.float64)
+    pad = math.ceil(4 / alpha)
+    y = np.pad(x.astype(np.float64), pad, mode="reflect", reflect_type="odd")
+    for i in range(1, len(y)):
+        y[i] = alpha * y[i] + (1 - alpha) * y[i - 1]
+    for i in range(len(y) - 2, -1, -1):
+        y[i] = alpha * y[i] + (1 - alpha) * y[i + 1]
+    return y[pad : pad + len(x)]
+
+
+def plan_from_track(
+    track: list[tuple[int, Box]] | None,
+    frame_hw: tuple[int, int],
+    num_frames: int,
+    num_samples: int,
+    cfg: RegionConfig,
+) -> RegionPlan:
+    """Turn the main face track into a steady bucket-aspect crop plan (pure geometry, no images)."""
+    fh, fw = frame_hw
+    full_box, full_bucket = full_frame_box(frame_hw, cfg.size)
+    seen = len(track) if track else 0
+    face_ok = track is not None and seen >= max(1, math.ceil(cfg.min_track_frac * num_samples))
+    common = {"frame_size": (fh, fw), "num_frames": num_frames}
+    if not face_ok:
+        why = "no face found" if seen == 0 else f"face in only {seen}/{num_samples} sampled frames"
+        return RegionPlan(
+            mode=cfg.mode,
+            box=full_box,
+            bucket=full_bucket,
+            face_found=False,
+            detections=seen,
+            reason=f"{why}; full-frame box",
+            **common,
+        )
+    assert track is not None
+    t = np.array([ti for ti, _ in track], dtype=np.float64)
+    b = np.array([bx for _, bx in track], dtype=np.float64)  # (N, 4)
+    cx = _median_filter((b[:, 0] + b[:, 2]) / 2, cfg.smooth_window)
+    cy = _median_filter((b[:, 1] + b[:, 3]) / 2, cfg.smooth_window)
+    face_w = float(np.median(b[:, 2] - b[:, 0]))
+    face_h = float(np.median(b[:, 3] - b[:, 1]))
+    face_box = _as_box(np.round(np.median(b, axis=0)))
+    if cfg.mode == "full":
+        return RegionPlan(
+            mode="full",
+            box=full_box,
+            bucket=full_bucket,
+            face_found=True,
+            detections=seen,
+            reason=f"full frame; face in {seen}/{num_samples} sampled frames",
+            face_box=face_box,
+            **common,
+        )
+    crop_h = max(face_h * cfg.expand_h, cfg.min_crop_frac * fh)
+    crop_w = face_w * cfg.expand_w
+    hw, bucket = snap_box_size(crop_h, crop_w, frame_hw, cfg.size)
+    ccx, ccy = cx, cy + cfg.shift_down * face_h  # crop centres at the samples
+    spread_x = float(ccx.max() - ccx.min())
+    spread_y = float(ccy.max() - ccy.min())
+    small = spread_x <= cfg.static_motion_frac * hw[1] and spread_y <= cfg.static_motion_frac * hw[0]
+    if cfg.motion == "static" or (cfg.motion == "auto" and small):
+        box = _place(float(np.median(ccx)), float(np.median(ccy)), hw, frame_hw)
+        return RegionPlan(
+            mode="region",
+            box=box,
+            bucket=bucket,
+            face_found=True,
+            detections=seen,
+            reason=f"face in {seen}/{num_samples} sampled frames; static crop",
+            face_box=face_box,
+            **common,
+        )
+    frames_t = np.arange(num_frames, dtype=np.float64)
+    px = _zero_phase_ema(np.interp(frames_t, t, ccx), cfg.ema_alpha)
+    py = _zero_phase_ema(np.interp(frames_t, t, ccy), cfg.ema_alpha)
+    boxes = tuple(_place(float(x), float(y), hw, frame_hw) for x, y in zip(px, py, strict=True))
+    med = _place(float(np.median(px)), float(np.median(py)), hw, frame_hw)
+    return RegionPlan(
+        mode="region",
+        box=med,
+        bucket=bucket,
+        face_found=True,
+        detections=seen,
+        reason=f"face in {seen}/{num_samples} sampled frames; crop follows the face",
+        frame_boxes=boxes,
+        face_box=face_box,
+        **common,
+    )
+
+
+def plan_region(
+    frames: np.ndarray | Iterable[np.ndarray],
+    cfg: RegionConfig | None = None,
+    detector: FaceDetector | None = None,
+    num_frames: int | None = None,
+) -> RegionPlan:
+    """Detect the main speaker over a shot and plan its dub crop (or the full-frame box in "full" mode)."""
+    cfg = cfg or RegionConfig()
+    detector = detector or LbpFaceDetector()
+    samples, frame_hw, count = detect_samples(frames, detector, cfg, num_frames)
+    track = main_track(link_tracks(samples))
+    plan = plan_from_track(track, frame_hw, count, len(samples), cfg)
+    log.debug("region plan: %s", plan.reason)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Pixels: crop, resize, composite
+
+
+def _resize(img: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    h, w = hw
+    if img.shape[:2] == (h, w):
+        return img.copy()
+    shrink = h * w < img.shape[0] * img.shape[1]
+    return cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_CUBIC)
+
+
+def crop_to_bucket(frame: np.ndarray, box: Box, bucket: tuple[int, int]) -> np.ndarray:
+    """Cut ``box`` out of ``frame`` and resize it to the bucket: ``(bh, bw, 3)`` uint8."""
+    x0, y0, x1, y1 = box
+    return _resize(frame[y0:y1, x0:x1], bucket)
+
+
+def crop_frames(frames: np.ndarray | Iterable[np.ndarray], plan: RegionPlan) -> Iterator[np.ndarray]:
+    """Model inputs for a shot: each frame's crop box resized to the plan's bucket."""
+    for t, frame in enumerate(_to_frames(frames)):
+        yield crop_to_bucket(frame, plan.box_at(t), plan.bucket)
+
+
+def feather_mask(
+    hw: tuple[int, int], feather_px: int, sides: tuple[bool, bool, bool, bool] = (True, True, True, True)
+) -> np.ndarray:
+    """Alpha ``(h, w)`` float32: 1 inside, a smoothstep ramp of ``feather_px`` pixels on the enabled sides.
+
+    ``sides`` = (left, top, right, bottom); a side that lies on the frame border needs no ramp.
+    """
+    h, w = hw
+
+    def ramp(n: int, lo: bool, hi: bool) -> np.ndarray:
+        a = np.ones(n, dtype=np.float32)
+        if feather_px <= 0:
+            return a
+        d = np.arange(n, dtype=np.float32) + 0.5  # distance of each pixel centre from the low edge
+        s = np.clip(d / feather_px, 0.0, 1.0)
+        if lo:
+            a = np.minimum(a, s * s * (3 - 2 * s))
+        s = np.clip(d[::-1] / feather_px, 0.0, 1.0)
+        if hi:
+            a = np.minimum(a, s * s * (3 - 2 * s))
+        return a
+
+    left, top, right, bottom = sides
+    return np.minimum(ramp(h, top, bottom)[:, None], ramp(w, left, right)[None, :])
+
+
+def composite(source: np.ndarray, patch: np.ndarray, box: Box, feather_px: int) -> np.ndarray:
+    """Blend ``patch`` (box-sized, or any size: it is resized to the box) into a copy of ``source``.
+
+    Pixels outside ``box`` are copied unchanged; inside, ``src + alpha * (patch - src)`` rounded to uint8.
+    """
+    x0, y0, x1, y1 = box
+    fh, fw = source.shape[:2]
+    if not (0 <= x0 < x1 <= fw and 0 <= y0 < y1 <= fh):
+        raise ValueError(f"box {box} is not inside the {fw}x{fh} frame")
+    patch = _resize(patch, (y1 - y0, x1 - x0))
+    out = source.copy()
+    sides = (x0 > 0, y0 > 0, x1 < fw, y1 < fh)
+    alpha = feather_mask((y1 - y0, x1 - x0), feather_px, sides)[..., None]  # (h, w, 1)
+    src = source[y0:y1, x0:x1].astype(np.float32)
+    blend = src + alpha * (patch.astype(np.float32) - src)
+    out[y0:y1, x0:x1] = np.clip(np.rint(blend), 0, 255).astype(np.uint8)
+    return out
+
+
+def composite_frames(
+    source_frames: np.ndarray | Iterable[np.ndarray],
+    dubbed_frames: np.ndarray | Iterable[np.ndarray],
+    plan: RegionPlan,
+    feather_px: int | None = None,
+) -> Iterator[np.ndarray]:
+    """Put the model's bucket-size frames back into the source frames (one output per source frame)."""
+    feather = RegionConfig().feather_px if feather_px is None else feather_px
+    pairs = zip(_to_frames(source_frames), _to_frames(dubbed_frames), strict=True)
+    for t, (src, dub) in enumerate(pairs):
+        yield composite(src, dub, plan.box_at(t), feather)
+
+
+__all__ = [
+    "Box",
+    "FaceDetector",
+    "LbpFaceDetector",
+    "RegionConfig",
+    "RegionPlan",
+    "bucket_table",
+    "composite",
+    "composite_frames",
+    "crop_frames",
+    "crop_to_bucket",
+    "detect_samples",
+    "feather_mask",
+    "full_frame_box",
+    "link_tracks",
+    "main_track",
+    "nearest_bucket",
+    "plan_from_track",
+    "plan_region",
+    "snap_box_size",
+]
