@@ -1,0 +1,267 @@
+"""Typed, frozen pipeline config loaded from `configs/default.yaml` + a user YAML + `--set` overrides.
+
+The YAML is the one source of defaults: the dataclasses below declare fields and types only.
+Overrides are merged as nested dicts, then every value is checked against its field's type
+(`Literal` choices, int/float/bool/str, `X | None`, free-form `dict`); an unknown key or a bad
+value raises `ConfigError` naming the file (or `--set`) and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tasks.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    frame_count: Literal["packets", "decode"]
+
+
+@dataclass(frozen=True)
+class ShotsConfig:
+    detector: Literal["content", "adaptive", "threshold", "histogram", "hash"]
+    threshold: float | None
+    min_scene_len: int
+    detect_width: int
+    min_shot_frames: int
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    sample_rate: int
+    channels: int
+    length_policy: Literal["error", "pad", "trim", "fit"]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model_fps: int
+    frame_num: int
+    motion_frames: int
+
+
+@dataclass(frozen=True)
+class FramesConfig:
+    bucket: Literal["480", "720"]
+
+
+@dataclass(frozen=True)
+class ColorConfig:
+    strength: float
+    reference: Literal["chunk", "shot_first"]
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    codec: str
+    crf: int
+    preset: str
+    pix_fmt: str
+    audio_codec: str
+    audio_bitrate: str
+    audio_language: str
+    keep_source_audio: bool
+    intermediate: Literal["ffv1"]
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkspaceConfig:
+    root: str
+    keep: bool
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    probe: ProbeConfig
+    shots: ShotsConfig
+    audio: AudioConfig
+    plan: PlanConfig
+    frames: FramesConfig
+    color: ColorConfig
+    encode: EncodeConfig
+    backend: BackendConfig
+    workspace: WorkspaceConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """Stable hash of every field (for caches / workspace keys)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:
+        return _build(cls, data, source, prefix="")
+
+
+def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            # YAML may read "480" as an int; accept the string spelling of a choice
+            if str(value) in choices:
+                return str(value)
+            raise ConfigError(where, f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _validate_value(inner[0], value, where, key)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"{key}: expected a mapping, got {value!r}")
+        return copy.deepcopy(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(where, f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool) or value is None or isinstance(value, dict | list):
+            raise ConfigError(where, f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(where, f"{key}: unsupported field type {tp!r}")  # pragma: no cover
+
+
+def _build(cls: type, data: Any, where: str, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(where, f"unknown key {prefix}{unknown[0]} (known: {', '.join(names)})")
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ConfigError(where, f"missing key {prefix}{missing[0]}")
+    kwargs = {}
+    for name in names:
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, data[name], where, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _validate_value(tp, data[name], where, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(path, "config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as ex:
+        raise ConfigError(path, f"invalid YAML: {' '.join(str(ex).split())}") from ex
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "top level must be a mapping")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Merge `over` into `base` in place; keys must exist in `base` except inside free-form dicts."""
+    for key, value in over.items():
+        if key not in base:
+            raise ConfigError(where, f"unknown key {prefix}{key}")
+        if isinstance(base[key], dict) and isinstance(value, dict) and base[key]:
+            _merge(base[key], value, where, f"{prefix}{key}.")
+        else:
+            base[key] = value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`"section.key=value"` -> (["section", "key"], typed value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError("--set", f"{text!r}: expected key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError("--set", f"{key!r}: expected section.key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_override(data: dict[str, Any], parts: list[str], value: Any, *, free_form: set[str]) -> None:
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        path = ".".join(parts[: i + 1])
+        if part not in node:
+            if path.rsplit(".", 1)[0] in free_form or any(path.startswith(f + ".") for f in free_form):
+                node[part] = {}
+            else:
+                raise ConfigError("--set", f"unknown key {path}")
+        if not isinstance(node[part], dict):
+            raise ConfigError("--set", f"{path} is not a section")
+        node = node[part]
+    leaf = ".".join(parts)
+    parent = ".".join(parts[:-1])
+    inside_free = parent in free_form or any(parent.startswith(f + ".") for f in free_form)
+    if parts[-1] not in node and not inside_free:
+        raise ConfigError("--set", f"unknown key {leaf}")
+    node[parts[-1]] = value
+
+
+def _free_form_keys(cls: type, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out |= _free_form_keys(tp, f"{prefix}{f.name}.")
+        elif typing.get_origin(tp) is dict or tp is dict:
+            out.add(f"{prefix}{f.name}")
+    return out
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    updates: dict[str, Any] | None = None,
+    defaults: str | Path = DEFAULT_CONFIG,
+) -> PipelineConfig:
+    """Defaults, then `config_file`, then `updates` (a nested dict), then `--set` strings."""
+    data = _read_yaml(Path(defaults))
+    if config_file is not None:
+        _merge(data, _read_yaml(Path(config_file)), str(config_file))
+    if updates:
+        _merge(data, copy.deepcopy(updates), "config")
+    free = _free_form_keys(PipelineConfig)
+    for text in overrides:
+        parts, value = parse_override(text)
+        apply_override(data, parts, value, free_form=free)
+    where = "--set" if overrides else str(config_file or defaults)
+    return PipelineConfig.from_dict(data, source=where)

@@ -1,0 +1,172 @@
+"""The bundled ffmpeg binary and subprocess helpers that always clean up.
+
+dubflow uses only `imageio_ffmpeg.get_ffmpeg_exe()` (no system ffmpeg, no ffprobe). Subprocesses
+live in generators / context managers whose `finally:` kills and reaps them, so an exception or an
+abandoned iterator never leaves an ffmpeg behind. Their stderr goes to a temporary file (no pipe
+deadlock) and its last lines become the message of a `DecodeError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from functools import cache
+from pathlib import Path
+from typing import IO
+
+from tasks.errors import DecodeError
+
+log = logging.getLogger(__name__)
+
+BASE_ARGS = ("-nostdin", "-hide_banner")
+
+
+@cache
+def ffmpeg_exe() -> str:
+    """Path of the ffmpeg binary (`DUBFLOW_FFMPEG` overrides the bundled imageio-ffmpeg one)."""
+    override = os.environ.get("DUBFLOW_FFMPEG")
+    if override:
+        return override
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def _stderr_tail(fh: IO[bytes], limit: int = 4000) -> str:
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    fh.seek(max(0, size - limit))
+    return fh.read().decode("utf-8", "replace")
+
+
+def last_error_line(stderr: str) -> str:
+    """The most informative line of an ffmpeg stderr (last non-empty, without the `[x @ 0x..]` prefix)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if not lines:
+        return "ffmpeg failed without a message"
+    line = lines[-1]
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return line
+
+
+def run(
+    args: Sequence[str], *, path: str | Path, what: str = "ffmpeg", check: bool = True
+) -> tuple[int, str]:
+    """Run ffmpeg to completion; return (returncode, stderr). Raise DecodeError naming `path` on failure."""
+    cmd = [ffmpeg_exe(), *BASE_ARGS, *args]
+    log.debug("run %s", " ".join(cmd))
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.decode("utf-8", "replace")
+    if check and proc.returncode != 0:
+        raise DecodeError(path, f"{what} failed: {last_error_line(err)}")
+    return proc.returncode, err
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a kill that does not take is an OS problem
+        log.error("ffmpeg pid %d did not exit after SIGKILL", proc.pid)
+
+
+def read_lines(
+    args: Sequence[str], *, path: str | Path, what: str = "ffmpeg", stderr_sink: list[str] | None = None
+) -> Iterator[str]:
+    """Yield ffmpeg's stdout line by line (text muxers such as framecrc); raise DecodeError on failure.
+
+    If `stderr_sink` is given, the tail of ffmpeg's stderr is appended to it once ffmpeg exits 0
+    (warnings such as "partial file" do not change the exit status).
+    """
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err
+        )
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                yield raw.decode("utf-8", "replace").rstrip("\n")
+            rc = proc.wait()
+            if rc != 0:
+                raise DecodeError(path, f"{what} failed: {last_error_line(_stderr_tail(err))}")
+            if stderr_sink is not None:
+                stderr_sink.append(_stderr_tail(err))
+        finally:
+            _finish(proc)
+
+
+def read_blocks(
+    args: Sequence[str], block_size: int, *, path: str | Path, what: str = "decoding"
+) -> Iterator[bytes]:
+    """Yield fixed-size blocks of ffmpeg's stdout (raw frames / PCM). A short tail is an error."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [ffmpeg_exe(), *BASE_ARGS, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            bufsize=0,
+        )
+        try:
+            assert proc.stdout is not None
+            while True:
+                buf = _read_exact(proc.stdout, block_size)
+                if len(buf) == block_size:
+                    yield buf
+                    continue
+                rc = proc.wait()
+                if rc != 0:
+                    raise DecodeError(path, f"{what} failed: {last_error_line(_stderr_tail(err))}")
+                if buf:
+                    raise DecodeError(
+                        path, f"{what} ended with a partial block ({len(buf)} of {block_size} bytes)"
+                    )
+                return
+        finally:
+            _finish(proc)
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        b = stream.read(n - got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+@contextmanager
+def write_pipe(args: Sequence[str], *, path: str | Path, what: str = "encoding") -> Iterator[IO[bytes]]:
+    """Context manager yielding ffmpeg's stdin (e.g. rawvideo in, FFV1 out).
+
+    On normal exit stdin is closed and ffmpeg must exit 0; on an exception it is killed.
+    """
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err
+        )
+        ok = False
+        try:
+            assert proc.stdin is not None
+            try:
+                yield proc.stdin
+            except BrokenPipeError as ex:
+                raise DecodeError(path, f"{what} failed: {last_error_line(_stderr_tail(err))}") from ex
+            with suppress(BrokenPipeError):
+                proc.stdin.close()
+            rc = proc.wait()
+            if rc != 0:
+                raise DecodeError(path, f"{what} failed: {last_error_line(_stderr_tail(err))}")
+            ok = True
+        finally:
+            if not ok:
+                _finish(proc)

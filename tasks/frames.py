@@ -1,0 +1,317 @@
+"""Frame I/O and the geometry between the source picture and the model's resolution bucket.
+
+Decoding: ffmpeg rawvideo rgb24 pipes in generators (`iter_frames`), frame-accurate by index —
+CFR sources seek to half a frame before the wanted frame (ffmpeg decodes from the previous
+keyframe and drops everything earlier), VFR sources decode from the start and `select` by index.
+Frames stay in the *coded* orientation and size (`-noautorotate`, no SAR scaling) so the output
+can be re-encoded with the source's display matrix and SAR; `ModelGeometry` maps a coded frame to
+what the model sees (rotation applied, square pixels, the official bucket's resize + centre crop)
+and pastes a generated frame back into the source frame.
+
+Bucket tables and `resize_and_centercrop` follow InfiniteTalk's 480P/720P tables (closest
+height/width ratio, Pillow bilinear resize to cover, torchvision-style centre crop).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tasks import ffmpeg
+from tasks.errors import DecodeError, MediaError
+from tasks.probe import VideoInfo
+
+# ratio key (height / width) -> (height, width). Dict order matters: ties keep the first key.
+BUCKET_TABLES: dict[str, dict[str, tuple[int, int]]] = {
+    "480": {
+        "0.26": (320, 1216), "0.38": (384, 1024), "0.50": (448, 896), "0.67": (512, 768),
+        "0.82": (576, 704), "1.00": (640, 640), "1.22": (704, 576), "1.50": (768, 512),
+        "1.86": (832, 448), "2.00": (896, 448), "2.50": (960, 384), "2.83": (1088, 384),
+        "3.60": (1152, 320), "3.80": (1216, 320), "4.00": (1280, 320),
+    },
+    "720": {
+        "0.22": (448, 2048), "0.29": (512, 1792), "0.36": (576, 1600), "0.45": (640, 1408),
+        "0.55": (704, 1280), "0.63": (768, 1216), "0.76": (832, 1088), "0.88": (896, 1024),
+        "1.00": (960, 960), "1.14": (1024, 896), "1.31": (1088, 832), "1.50": (1152, 768),
+        "1.58": (1216, 768), "1.82": (1280, 704), "1.91": (1344, 704), "2.20": (1408, 640),
+        "2.30": (1472, 640), "2.67": (1536, 576), "2.89": (1664, 576), "3.62": (1856, 512),
+        "3.75": (1920, 512),
+    },
+}  # fmt: skip
+
+
+def choose_bucket(height: int, width: int, table: str = "480") -> tuple[str, tuple[int, int]]:
+    """Closest bucket to `height / width` in the named table: (ratio key, (height, width))."""
+    buckets = BUCKET_TABLES[table]
+    ratio = height / width
+    key = min(buckets, key=lambda k: abs(float(k) - ratio))  # min() keeps the first of equal keys
+    return key, buckets[key]
+
+
+@dataclass(frozen=True)
+class CropGeometry:
+    """Resize (h, w) by `scale` to cover (th, tw), then centre-crop at (top, left)."""
+
+    src_hw: tuple[int, int]
+    scaled_hw: tuple[int, int]
+    top: int
+    left: int
+    target_hw: tuple[int, int]
+
+    @classmethod
+    def cover(cls, src_hw: tuple[int, int], target_hw: tuple[int, int]) -> CropGeometry:
+        h, w = src_hw
+        th, tw = target_hw
+        scale = max(th / h, tw / w)
+        nh, nw = math.ceil(scale * h), math.ceil(scale * w)
+        # torchvision center_crop offsets (Python round: half to even)
+        return cls((h, w), (nh, nw), int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0)), (th, tw))
+
+    def source_window(self) -> tuple[int, int, int, int]:
+        """The crop window in source pixels, rounded: (y0, y1, x0, x1)."""
+        sy = self.src_hw[0] / self.scaled_hw[0]
+        sx = self.src_hw[1] / self.scaled_hw[1]
+        y0, x0 = round(self.top * sy), round(self.left * sx)
+        y1 = min(self.src_hw[0], round((self.top + self.target_hw[0]) * sy))
+        x1 = min(self.src_hw[1], round((self.left + self.target_hw[1]) * sx))
+        return y0, y1, x0, x1
+
+
+def resize_and_centercrop(image: np.ndarray, target_hw: tuple[int, int]) -> np.ndarray:
+    """uint8 (H, W, 3) -> uint8 (th, tw, 3): Pillow bilinear resize to cover, then centre crop."""
+    g = CropGeometry.cover(image.shape[:2], target_hw)
+    resized = np.asarray(Image.fromarray(image).resize((g.scaled_hw[1], g.scaled_hw[0]), Image.BILINEAR))
+    th, tw = target_hw
+    return np.ascontiguousarray(resized[g.top : g.top + th, g.left : g.left + tw])
+
+
+def resize_and_centercrop_tensor(t: torch.Tensor, target_hw: tuple[int, int]) -> torch.Tensor:
+    """(C, h, w) tensor -> (C, th, tw): nearest resize to cover, centre crop (the mask path)."""
+    g = CropGeometry.cover(tuple(t.shape[-2:]), target_hw)
+    resized = torch.nn.functional.interpolate(t[None], size=g.scaled_hw, mode="nearest")[0]  # (C, nh, nw)
+    th, tw = target_hw
+    return resized[:, g.top : g.top + th, g.left : g.left + tw].contiguous()
+
+
+def _resize(img: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    if img.shape[:2] == tuple(hw):
+        return img
+    return np.asarray(Image.fromarray(img).resize((hw[1], hw[0]), Image.BICUBIC))
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Coded source frame <-> model frame: rotation, square pixels, bucket resize + crop."""
+
+    coded_hw: tuple[int, int]
+    rotation: int  # counter-clockwise degrees applied for display
+    display_hw: tuple[int, int]  # square-pixel, rotated
+    bucket: str  # ratio key in the table
+    crop: CropGeometry  # display_hw -> bucket size
+
+    @classmethod
+    def for_video(cls, info: VideoInfo, table: str = "480") -> ModelGeometry:
+        w_disp, h_disp = info.display_size
+        key, target = choose_bucket(h_disp, w_disp, table)
+        return cls(
+            (info.height, info.width),
+            info.rotation,
+            (h_disp, w_disp),
+            key,
+            CropGeometry.cover((h_disp, w_disp), target),
+        )
+
+    @property
+    def model_hw(self) -> tuple[int, int]:
+        return self.crop.target_hw
+
+    def to_display(self, coded: np.ndarray) -> np.ndarray:
+        k = self.rotation // 90
+        rot_hw = self.display_hw if k % 2 == 0 else self.display_hw[::-1]
+        return np.ascontiguousarray(np.rot90(_resize(coded, rot_hw), k))
+
+    def to_coded(self, display: np.ndarray) -> np.ndarray:
+        k = self.rotation // 90
+        back = np.ascontiguousarray(np.rot90(display, -k))
+        return _resize(back, self.coded_hw)
+
+    def to_model(self, coded: np.ndarray) -> np.ndarray:
+        """uint8 coded (H, W, 3) -> uint8 model (th, tw, 3)."""
+        return resize_and_centercrop(self.to_display(coded), self.crop.target_hw)
+
+    def from_model(self, generated: np.ndarray, source_coded: np.ndarray) -> np.ndarray:
+        """Paste a generated model frame back into the source frame (outside the crop: source)."""
+        display = self.to_display(source_coded).copy()
+        y0, y1, x0, x1 = self.crop.source_window()
+        display[y0:y1, x0:x1] = _resize(np.ascontiguousarray(generated), (y1 - y0, x1 - x0))
+        return self.to_coded(display)
+
+
+# ------------------------------------------------------------------------------------- decoding
+
+
+def _decode_args(info: VideoInfo, start: int, count: int, vf: list[str], pix_fmt: str) -> list[str]:
+    seek: list[str] = []
+    if info.vfr:
+        if start > 0:
+            vf = [f"select=gte(n\\,{start})", *vf]
+    elif start > 0:
+        seek = ["-ss", f"{float((start - Fraction(1, 2)) / info.fps):.6f}"]
+    args = ["-v", "error", "-noautorotate", *seek, "-i", info.path, "-map", f"0:{info.stream_index}"]
+    args += ["-an", "-sn", "-dn", "-fps_mode", "passthrough"]
+    if vf:
+        args += ["-vf", ",".join(vf)]
+    return [*args, "-frames:v", str(count), "-f", "rawvideo", "-pix_fmt", pix_fmt, "-"]
+
+
+def iter_frames(
+    info: VideoInfo,
+    start: int = 0,
+    end: int | None = None,
+    *,
+    width: int | None = None,
+    pix_fmt: str = "rgb24",
+) -> Iterator[np.ndarray]:
+    """Yield frames [start, end) of the video as uint8 (H, W, 3), coded orientation and size.
+
+    `width` downscales (keeping the coded aspect, even height) e.g. for shot detection;
+    `pix_fmt` is rgb24 or bgr24. Raises DecodeError if fewer frames than asked for come out.
+    """
+    end = info.frame_count if end is None else end
+    if not 0 <= start <= end <= info.frame_count:
+        raise ValueError(f"frame range [{start}, {end}) outside [0, {info.frame_count})")
+    count = end - start
+    if count == 0:
+        return
+    h, w = info.height, info.width
+    vf: list[str] = []
+    if width is not None and width < w:
+        h = max(2, int(round(h * width / w / 2)) * 2)
+        w = width
+        vf.append(f"scale={w}:{h}:flags=area")
+    got = 0
+    for buf in ffmpeg.read_blocks(_decode_args(info, start, count, vf, pix_fmt), h * w * 3, path=info.path):
+        yield np.frombuffer(buf, np.uint8).reshape(h, w, 3)
+        got += 1
+    if got != count:
+        raise DecodeError(info.path, f"decoded {got} frames from frame {start}, expected {count}")
+
+
+def read_frames(info: VideoInfo, indices: Iterable[int]) -> dict[int, np.ndarray]:
+    """Decode specific frames (e.g. reference frames): {index: uint8 (H, W, 3)}."""
+    out: dict[int, np.ndarray] = {}
+    for j in sorted(set(indices)):
+        out[j] = next(iter_frames(info, j, j + 1))
+    return out
+
+
+class FrameCursor:
+    """Sequential access to frames [start, end) with a look-back window.
+
+    Chunks need their own frames plus a reference frame a little before them; the cursor keeps
+    the last `lookback` frames (and optionally the first frame) of one decoding pipe.
+    """
+
+    def __init__(self, info: VideoInfo, start: int, end: int, *, lookback: int, keep_first: bool = False):
+        self._it = iter_frames(info, start, end)
+        self._next = start
+        self._start = start
+        self._lookback = max(1, lookback)
+        self._buf: dict[int, np.ndarray] = {}
+        self._first: np.ndarray | None = None
+        self._keep_first = keep_first
+
+    def get(self, j: int) -> np.ndarray:
+        if j == self._start and self._first is not None:
+            return self._first
+        while self._next <= j:
+            frame = next(self._it)
+            if self._next == self._start and self._keep_first:
+                self._first = frame
+            self._buf[self._next] = frame
+            self._next += 1
+            for old in [k for k in self._buf if k < self._next - self._lookback]:
+                del self._buf[old]
+        if j not in self._buf:
+            raise IndexError(f"frame {j} is behind the cursor's look-back window")
+        return self._buf[j]
+
+    def range(self, a: int, b: int) -> np.ndarray:
+        """Frames [a, b) stacked: uint8 (T, H, W, 3)."""
+        return np.stack([self.get(j) for j in range(a, b)]) if b > a else np.empty((0, 0, 0, 3), np.uint8)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close:
+            close()
+
+
+# -------------------------------------------------------------------------------------- writing
+
+
+def atomic_temp(final: str | Path) -> Path:
+    """A fresh temp path next to `final` (same directory => os.replace is atomic), same suffix."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".tmp{final.suffix}", dir=final.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+class LosslessWriter:
+    """Write uint8 RGB frames to an FFV1 (lossless) Matroska file, atomically.
+
+    Usage: `with LosslessWriter(path, (h, w), fps) as w: w.write(frames)`; the file appears at
+    `path` only if the block exits normally and ffmpeg succeeded.
+    """
+
+    def __init__(self, path: str | Path, size_hw: tuple[int, int], fps: Fraction):
+        self.path = Path(path)
+        self.size_hw = size_hw
+        self.fps = fps
+        self.count = 0
+        self._tmp: Path | None = None
+        self._ctx = None
+        self._pipe = None
+
+    def __enter__(self) -> LosslessWriter:
+        self._tmp = atomic_temp(self.path)
+        h, w = self.size_hw
+        args = ["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}"]
+        args += ["-framerate", str(self.fps), "-i", "-", "-c:v", "ffv1", "-level", "3", "-pix_fmt", "gbrp"]
+        args += ["-f", "matroska", str(self._tmp)]
+        self._ctx = ffmpeg.write_pipe(args, path=self.path, what="writing lossless intermediate")
+        self._pipe = self._ctx.__enter__()
+        return self
+
+    def write(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
+        if isinstance(frames, np.ndarray) and frames.ndim == 3:
+            frames = [frames]
+        for f in frames:
+            if f.shape != (*self.size_hw, 3) or f.dtype != np.uint8:
+                raise MediaError(
+                    self.path,
+                    f"frame {self.count} is {f.shape} {f.dtype}, expected {(*self.size_hw, 3)} uint8",
+                )
+            self._pipe.write(np.ascontiguousarray(f).tobytes())
+            self.count += 1
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._ctx.__exit__(exc_type, exc, tb)
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
+        if exc_type is not None:
+            self._tmp.unlink(missing_ok=True)
+            return
+        os.replace(self._tmp, self.path)
