@@ -85,6 +85,15 @@ class Float32Sequential(nn.Sequential):
         return x
 
 
+def _modulation_parameter(n: int, dim: int) -> nn.Parameter:
+    """(1, n, dim) learned modulation offsets, N(0, 1/dim) like the official init (left empty on meta)."""
+    param = nn.Parameter(torch.empty(1, n, dim))
+    if not param.is_meta:
+        with torch.no_grad():
+            param.normal_(std=dim**-0.5)
+    return param
+
+
 def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """[cos(t w_i), sin(t w_i)] with w_i = 10000^(-i/(dim/2)); t (B,) -> (B, dim) float32.
 
@@ -291,7 +300,7 @@ class DiTBlock(nn.Module):
         self.ffn = nn.Sequential(
             nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
         )
-        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        self.modulation = _modulation_parameter(6, dim)
         self.audio_cross_attn = AudioCrossAttention(config)
         self.norm_x = (
             LayerNorm32(dim, config.eps, elementwise_affine=True)
@@ -356,7 +365,7 @@ class Head(nn.Module):
         dim = config.dim
         self.norm = LayerNorm32(dim, config.eps)
         self.head = nn.Linear(dim, config.patch_volume * config.out_dim)
-        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        self.modulation = _modulation_parameter(2, dim)
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """x (B, L, dim), e (B, dim) float32 -> (B, L, patch_volume * out_dim) float32."""
