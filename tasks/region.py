@@ -163,7 +163,13 @@ class LbpFaceDetector:
     scikit-image's package data.
     """
 
-    def __init__(self, scale_factor: float = 1.2, min_neighbours: int = 6, min_size: int = 24) -> None:
+    def __init__(
+        self,
+        scale_factor: float = 1.2,
+        min_neighbours: int = 6,
+        min_size: int = 24,
+        mirror_check: bool = True,
+    ) -> None:
         from skimage import data
         from skimage.feature import Cascade
 
@@ -171,11 +177,10 @@ class LbpFaceDetector:
         self.scale_factor = scale_factor
         self.min_neighbours = min_neighbours
         self.min_size = min_size
+        self.mirror_check = mirror_check
 
-    def __call__(self, gray: np.ndarray) -> list[Box]:
+    def _detect(self, gray: np.ndarray) -> list[Box]:
         h, w = gray.shape
-        if min(h, w) < self.min_size:
-            return []
         found = self._cascade.detect_multi_scale(
             img=np.ascontiguousarray(gray, dtype=np.float32),
             scale_factor=self.scale_factor,
@@ -185,6 +190,18 @@ class LbpFaceDetector:
             min_neighbor_number=self.min_neighbours,
         )
         return [(d["c"], d["r"], d["c"] + d["width"], d["r"] + d["height"]) for d in found]
+
+    def __call__(self, gray: np.ndarray) -> list[Box]:
+        if min(gray.shape) < self.min_size:
+            return []
+        boxes = self._detect(gray)
+        if not self.mirror_check or not boxes:
+            return boxes
+        # Faces are roughly symmetric: a true face is found again in the mirrored image at the mirrored place,
+        # most cascade false positives on texture are not.  Costs one more pass only when something was found.
+        w = gray.shape[1]
+        mirrored = [(w - x1, y0, w - x0, y1) for x0, y0, x1, y1 in self._detect(gray[:, ::-1])]
+        return [b for b in boxes if any(_iou(b, m) >= 0.4 for m in mirrored)]
 
 
 def _to_frames(frames: np.ndarray | Iterable[np.ndarray]) -> Iterable[np.ndarray]:
@@ -299,7 +316,8 @@ def snap_box_size(
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Grow (h, w) to the nearest bucket aspect, shrink only if it does not fit the frame.
 
-    Returns ``((box_h, box_w), bucket)`` with ``|box_h - box_w * bh / bw| <= 0.5``.
+    Returns ``((box_h, box_w), bucket)``; the dimension derived from the other is within 0.5 px of the exact
+    bucket aspect.
     """
     fh, fw = frame_hw
     bh, bw = nearest_bucket(crop_h, crop_w, size)
@@ -309,10 +327,14 @@ def snap_box_size(
     else:
         crop_w = crop_h / r
     fit = min(1.0, fw / crop_w, fh / crop_h)
-    w = max(1, math.floor(crop_w * fit))
-    while w > 1 and round(w * r) > fh:
-        w -= 1
-    h = max(1, round(w * r))
+    w = math.ceil(crop_w * fit - 1e-6)  # grow to whole pixels, the height follows the bucket aspect
+    h = round(w * r)
+    if w > fw or h > fh:  # the frame limits the box: take its full height (or width) and derive the other
+        h = fh
+        w = round(h / r)
+        if w > fw:
+            w = fw
+            h = round(w * r)
     return (h, w), (bh, bw)
 
 
