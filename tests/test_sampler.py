@@ -36,24 +36,12 @@ H = W = 16  # pixels; latent 2x2
 @pytest.fixture(scope="module")
 def parts():
     """The real tiny DiT, VAE and colour correction from the parity fixtures."""
+    from model.checkpoint import load_dit
     from model.vae import load_vae
     from tasks.color import match_and_blend
 
     weights = PARITY / "dit" / "weights"
-    try:
-        from model.checkpoint import load_dit
-
-        model = load_dit(weights, weights / "infinitetalk.safetensors").eval()
-    except ImportError:  # TEMP until model/checkpoint.py lands
-        from model.config import dit_preset
-        from model.dit import InfiniteTalkDiT
-
-        model = InfiniteTalkDiT(dit_preset("tiny"))
-        sd = {}
-        for f in sorted(weights.glob("*.safetensors")):
-            sd.update(load_file(f))
-        model.load_state_dict(sd, strict=True)
-        model.eval()
+    model = load_dit(weights, weights / "infinitetalk.safetensors", dtype=torch.float32).eval()
     vae = load_vae(PARITY / "vae" / "weights" / "tiny_wan_vae.pth")
     return model, vae, match_and_blend
 

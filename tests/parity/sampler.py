@@ -10,9 +10,9 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import torch
 
+from model.checkpoint import load_dit
 from model.guidance import APGState, adaptive_projected_guidance, apg_combine, cfg_combine, guidance_branches
 from model.sampler import (
     Conditioning,
@@ -28,6 +28,8 @@ from model.sampler import (
     stream_generate,
     timestep_schedule,
 )
+from model.vae import load_vae
+from tasks.color import match_and_blend
 from tests.parity.common import assert_close, load_tensors, rel_err
 
 TOL_COMBINE = 1e-5
@@ -227,27 +229,19 @@ def _resolve(case_dir: Path, rel: str) -> Path:
 
 
 def _load_stream_components(case_dir: Path, manifest: dict, parity_root: Path):
-    try:
-        from model.checkpoint import load_dit
-
-        from model.vae import load_vae
-        from tasks.color import match_and_blend
-    except ImportError as e:  # a component helper has not landed yet
-        pytest.skip(f"streaming replay needs the DiT, VAE and colour code: {e}")
+    """Tiny DiT + VAE named by the manifest's `weights` (default: the parity set's own)."""
     dit_dir = parity_root / "dit" / "weights"
     vae_file = parity_root / "vae" / "weights" / "tiny_wan_vae.pth"
     for part in str(manifest.get("weights", "")).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        p = (case_dir / part).resolve()
-        if p.suffix == ".pth":
+        p = (case_dir / part.strip()).resolve()
+        if part.strip() and p.suffix == ".pth":
             vae_file = p
-        elif p.is_dir():
+        elif part.strip() and p.is_dir():
             dit_dir = p
-    model = load_dit(dit_dir, dit_dir / "infinitetalk.safetensors").eval()
-    vae = load_vae(vae_file)
-    return model, vae, match_and_blend
+    adapters = [f for f in dit_dir.glob("*.safetensors") if not f.name.startswith("diffusion_pytorch_model")]
+    assert len(adapters) == 1, f"{dit_dir}: expected one InfiniteTalk adapter file, found {adapters}"
+    model = load_dit(dit_dir, adapters[0], dtype=torch.float32).eval()
+    return model, load_vae(vae_file)
 
 
 def _check_stream(
@@ -302,7 +296,7 @@ def _check_stream(
         ref_target_masks=masks,
         clip_fn=lambda ref: clip_fea,
     )
-    model, vae, color = _load_stream_components(case_dir, manifest, parity_root)
+    model, vae = _load_stream_components(case_dir, manifest, parity_root)
     rec = _Recorder(model)
     with torch.no_grad():
         result = stream_generate(
@@ -311,7 +305,7 @@ def _check_stream(
             cond=cond,
             settings=settings,
             reference_frame_fn=lambda k, s: cond_image[0],
-            color_fn=color,
+            color_fn=match_and_blend,
         )
 
     n_calls = len(guidance_branches(settings.text_guide_scale)) * settings.sampling_steps
