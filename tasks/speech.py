@@ -38,7 +38,7 @@ class SpeechConfig:
     min_speech_s: float = 0.10  # shorter speech-like bursts are clicks
     hangover_s: float = 0.20  # speech continues this long after the last speech-like frame
     min_modulation_db: float = 3.0  # a run longer than 0.5 s must vary its level this much (std of dB)
-    min_total_s: float = 0.25  # the slice has speech when its segments add up to this much
+    min_total_s: float = 0.2  # the slice has speech when its speech-like frames (no hangover) add up to this
 
     def __post_init__(self) -> None:
         if not 0 < self.hop_s <= self.frame_s:
@@ -159,14 +159,15 @@ def detect_speech(audio: np.ndarray, sr: int, cfg: SpeechConfig | None = None) -
     )
     total = sum(b - a for a, b in seg_s)
     ratio = min(1.0, total / duration) if duration > 0 else 0.0
-    if total >= cfg.min_total_s:
+    core_s = sum(int(keep[a:b].sum()) for a, b in segments) * hop_s  # speech-like time without hangover
+    if core_s >= cfg.min_total_s:
         return SpeechInfo(True, ratio, seg_s, f"speech {total:.1f} s ({ratio:.0%})")
     if not voiced.any():
         why = "noise or tones only" if loud.any() else "too quiet"
         return SpeechInfo(False, ratio, seg_s, f"no speech in dub track ({why})")
     if total == 0:
         return SpeechInfo(False, 0.0, (), "no speech in dub track (steady or short sounds only)")
-    return SpeechInfo(False, ratio, seg_s, f"no speech in dub track (only {total:.2f} s speech-like)")
+    return SpeechInfo(False, ratio, seg_s, f"no speech in dub track (only {core_s:.2f} s speech-like)")
 
 
 __all__ = ["FrameFeatures", "SpeechConfig", "SpeechInfo", "detect_speech", "frame_features"]

@@ -1,0 +1,116 @@
+"""QC artefacts: the side-by-side preview decodes with the right size and frame count, the sheet has its grid."""
+
+import subprocess
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tasks.qc import (
+    QcConfig,
+    contact_sheet,
+    sheet_indices,
+    side_by_side,
+    write_contact_sheet,
+    write_preview,
+    write_qc,
+)
+
+
+def clip(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Frames with a bright bar moving left to right over a dark noisy ground."""
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(0, 40, (n, h, w, 3), dtype=np.uint8)
+    for t in range(n):
+        x = int(t * (w - 8) / max(1, n - 1))
+        frames[t, :, x : x + 8] = (250, 200, 60)
+    return frames
+
+
+def decode(path) -> tuple[tuple[int, int], list[np.ndarray]]:
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    w, h = meta["size"]
+    frames = [np.frombuffer(buf, np.uint8).reshape(h, w, 3) for buf in reader]
+    return (w, h), frames
+
+
+def test_sheet_indices_are_even_and_cover_the_shot():
+    assert sheet_indices(100, 6) == [0, 20, 40, 59, 79, 99]
+    assert sheet_indices(3, 6) == [0, 1, 2]
+    assert sheet_indices(50, 1) == [25]
+    assert sheet_indices(0, 4) == []
+
+
+def test_side_by_side_keeps_aspect_and_even_size():
+    out = side_by_side(np.zeros((90, 160, 3), np.uint8), np.full((45, 45, 3), 255, np.uint8), 64)
+    assert out.shape == (64, 114 + 64, 3)
+    assert out[:, :114].max() == 0 and out[:, 114:].min() == 255
+
+
+def test_write_qc_preview_and_sheet(tmp_path):
+    src = clip(20, 90, 160)
+    dub = src.copy()
+    dub[:, 30:60, 50:110] = 255 - dub[:, 30:60, 50:110]  # the "dubbed" region differs
+    cfg = QcConfig(height=64, thumb_height=48, sheet_frames=5, sheet_cols=3, fps=25.0)
+    res = write_qc(src, dub, tmp_path / "qc", "shot0007", cfg)
+    assert res.frames == 20
+    assert res.preview.name == "shot0007_preview.mp4" and res.contact_sheet.name == "shot0007_sheet.png"
+    (w, h), frames = decode(res.preview)
+    assert (w, h) == (228, 64) and len(frames) == 20
+    # left half is the source, right half the dubbed frame (lossy codec: compare means of a region)
+    left = cv2.resize(src[10], (114, 64), interpolation=cv2.INTER_AREA).astype(float)
+    right = cv2.resize(dub[10], (114, 64), interpolation=cv2.INTER_AREA).astype(float)
+    got = frames[10].astype(float)
+    assert np.abs(got[:, :114] - left).mean() < 12 and np.abs(got[:, 114:] - right).mean() < 12
+    assert np.abs(got[:, 114:] - left).mean() > 20  # the halves really differ
+    sheet = cv2.imread(str(res.contact_sheet))
+    pad, cell_w = 4, 2 * 86  # 160x90 at 48 px high -> 85.3 -> 86 (even)
+    assert sheet.shape == (2 * (48 + pad) + pad, 3 * (cell_w + pad) + pad, 3)
+    assert sorted(p.name for p in (tmp_path / "qc").iterdir()) == [
+        "shot0007_preview.mp4",
+        "shot0007_sheet.png",
+    ]
+
+
+def test_generators_need_a_frame_count(tmp_path):
+    src, dub = clip(9, 48, 64), clip(9, 48, 64, seed=1)
+    with pytest.raises(ValueError, match="num_frames"):
+        write_qc(iter(src), iter(dub), tmp_path, "s", QcConfig(height=32, thumb_height=32))
+    res = write_qc(iter(src), iter(dub), tmp_path, "s", QcConfig(height=32, thumb_height=32), num_frames=9)
+    assert len(decode(res.preview)[1]) == 9
+
+
+def test_mismatched_frame_counts_fail_and_leave_no_files(tmp_path):
+    src = clip(10, 48, 64)
+    with pytest.raises(ValueError):
+        write_qc(src, src[:7], tmp_path, "bad", QcConfig(height=32, thumb_height=32))
+    with pytest.raises(ValueError, match="expected 12"):
+        write_qc(src, src, tmp_path, "bad", QcConfig(height=32, thumb_height=32), num_frames=12)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_preview_with_audio_and_standalone_sheet(tmp_path):
+    src = clip(25, 48, 64)
+    wav = tmp_path / "dub.wav"
+    t = np.arange(16000) / 16000
+    sf.write(wav, (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000)
+    out = write_preview(src, src, tmp_path / "p.mp4", QcConfig(height=48, fps=25.0), audio=wav)
+    (w, h), frames = decode(out)
+    assert (w, h) == (128, 48) and len(frames) == 25
+    probe = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-i", str(out)], capture_output=True, text=True)
+    assert "Audio: aac" in probe.stderr and "Video: h264" in probe.stderr
+    png = write_contact_sheet(src, src, tmp_path / "sheet.png", QcConfig(thumb_height=32, sheet_frames=4))
+    assert cv2.imread(str(png)).shape == (2 * (32 + 4) + 4, 3 * (2 * 42 + 4) + 4, 3)
+
+
+def test_contact_sheet_labels_frames():
+    black = np.zeros((32, 32, 3), np.uint8)
+    plain = contact_sheet([(12, black, black)], cols=1, thumb_height=32, label=False)
+    labelled = contact_sheet([(12, black, black)], cols=1, thumb_height=32, label=True)
+    assert plain.shape == labelled.shape and plain[4:36, 4:68].max() == 0
+    assert labelled[4:36, 4:68].max() == 255  # white label text drawn
+    with pytest.raises(ValueError):
+        contact_sheet([], cols=3, thumb_height=32)
