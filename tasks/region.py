@@ -21,46 +21,26 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
+from tasks.frames import BUCKET_TABLES, choose_bucket
+
 log = logging.getLogger(__name__)
 
 Box = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open, source pixels
 
-# Official InfiniteTalk bucket tables (wan/utils/multitalk_utils.py, ASPECT_RATIO_627 / ASPECT_RATIO_960):
-# (h/w key as the official code compares it, (height, width)).  Kept in key order: ties go to the first.
-# fmt: off
-_BUCKET_TABLES: dict[str, tuple[tuple[float, tuple[int, int]], ...]] = {
-    "infinitetalk-480": (
-        (0.26, (320, 1216)), (0.38, (384, 1024)), (0.50, (448, 896)), (0.67, (512, 768)),
-        (0.82, (576, 704)), (1.00, (640, 640)), (1.22, (704, 576)), (1.50, (768, 512)),
-        (1.86, (832, 448)), (2.00, (896, 448)), (2.50, (960, 384)), (2.83, (1088, 384)),
-        (3.60, (1152, 320)), (3.80, (1216, 320)), (4.00, (1280, 320)),
-    ),
-    "infinitetalk-720": (
-        (0.22, (448, 2048)), (0.29, (512, 1792)), (0.36, (576, 1600)), (0.45, (640, 1408)),
-        (0.55, (704, 1280)), (0.63, (768, 1216)), (0.76, (832, 1088)), (0.88, (896, 1024)),
-        (1.00, (960, 960)), (1.14, (1024, 896)), (1.31, (1088, 832)), (1.50, (1152, 768)),
-        (1.58, (1216, 768)), (1.82, (1280, 704)), (1.91, (1344, 704)), (2.20, (1408, 640)),
-        (2.30, (1472, 640)), (2.67, (1536, 576)), (2.89, (1664, 576)), (3.62, (1856, 512)),
-        (3.75, (1920, 512)),
-    ),
-}
-# fmt: on
 
-
-def bucket_table(size: str) -> tuple[tuple[float, tuple[int, int]], ...]:
-    """The official bucket table for ``size`` ("infinitetalk-480" or "infinitetalk-720")."""
-    try:
-        return _BUCKET_TABLES[size]
-    except KeyError:
-        raise ValueError(f"unknown bucket size {size!r}; expected one of {sorted(_BUCKET_TABLES)}") from None
+def bucket_table_name(size: str) -> str:
+    """Name of the official bucket table in ``tasks.frames`` for "infinitetalk-480"/"480" or -720/"720"."""
+    name = size.removeprefix("infinitetalk-")
+    if name not in BUCKET_TABLES:
+        raise ValueError(f"unknown bucket size {size!r}; expected infinitetalk-480 or infinitetalk-720")
+    return name
 
 
 def nearest_bucket(height: float, width: float, size: str = "infinitetalk-480") -> tuple[int, int]:
     """Bucket (h, w) whose official h/w key is closest to ``height / width`` (the official choice rule)."""
     if height <= 0 or width <= 0:
         raise ValueError(f"bucket query needs a positive size, got {height}x{width}")
-    ratio = height / width
-    return min(bucket_table(size), key=lambda kv: abs(kv[0] - ratio))[1]
+    return choose_bucket(height, width, bucket_table_name(size))[1]  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -89,7 +69,7 @@ class RegionConfig:
             raise ValueError(f"RegionConfig.mode must be 'region' or 'full', got {self.mode!r}")
         if self.motion not in ("auto", "static", "follow"):
             raise ValueError(f"RegionConfig.motion must be 'auto', 'static' or 'follow', got {self.motion!r}")
-        bucket_table(self.size)
+        bucket_table_name(self.size)
         if self.sample_every < 1 or self.max_samples < 1 or self.smooth_window < 1:
             raise ValueError("RegionConfig.sample_every, max_samples and smooth_window must be >= 1")
         if not 0.0 < self.ema_alpha <= 1.0:
@@ -348,7 +328,10 @@ def _place(cx: float, cy: float, hw: tuple[int, int], frame_hw: tuple[int, int])
 
 
 def full_frame_box(frame_hw: tuple[int, int], size: str) -> tuple[Box, tuple[int, int]]:
-    """The part of the frame the official resize-and-centre-crop keeps: the largest centred bucket-aspect box."""
+    """The part of the frame the official resize-and-centre-crop keeps: the largest centred bucket-aspect box.
+
+    Matches ``tasks.frames.CropGeometry.source_window`` to a pixel or two, but keeps the exact bucket aspect.
+    """
     fh, fw = frame_hw
     hw, bucket = snap_box_size(float(fh), float(fw), frame_hw, size)
     return _place(fw / 2, fh / 2, hw, frame_hw), bucket
@@ -560,7 +543,7 @@ __all__ = [
     "LbpFaceDetector",
     "RegionConfig",
     "RegionPlan",
-    "bucket_table",
+    "bucket_table_name",
     "composite",
     "composite_frames",
     "crop_frames",

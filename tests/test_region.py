@@ -103,6 +103,10 @@ def test_snapped_box_has_bucket_aspect_fits_and_only_grows(size):
         if ch <= fh and cw <= fw and (h < fh and w < fw):
             # room was left: the box must cover the requested crop (grown, not shrunk)
             assert h >= ch - 1 and w >= cw - 1
+        box, (bh, bw) = full_frame_box((fh, fw), size)
+        h, w = box[3] - box[1], box[2] - box[0]
+        assert inside(box, (0, 0, fw, fh))
+        assert (h == fh or w == fw) and min(abs(h - w * bh / bw), abs(w - h * bw / bh)) <= 0.5 + 1e-9
 
 
 def test_box_is_shifted_inside_the_frame_not_shrunk():
