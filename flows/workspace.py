@@ -1,0 +1,342 @@
+"""Run workspace: where a film's per-shot intermediates live, so that a re-run resumes instead of redoing.
+
+A workspace is keyed by what determines the result:
+
+* the film's content fingerprint: size, mtime (ns) and a SHA-256 of its first and last MiB. Films are
+  tens of GB, so the whole file is not hashed; replacing, re-encoding, truncating or touching the file
+  changes the key (an in-place edit of the middle that keeps size and mtime would not: accepted);
+* a hash of the pipeline config (canonical JSON of its semantic fields);
+* the code version: the ``dubflow`` package version plus ``git describe --always --dirty`` when the
+  checkout is a git repository (``DUBFLOW_CODE_VERSION`` pins it instead).
+
+Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
+
+    workspace.json          what the key was made of, plus a random incarnation id (see below)
+    shots/0042/             one folder per shot (4-digit index)
+        <intermediate>      the shot's rendered file, written through ``atomic_path``
+        chunks/             per-chunk checkpoints (resume inside a long shot)
+        done.json           written atomically and LAST: the shot is complete iff this exists
+        failed.json         the last failure's reason (removed when the shot completes)
+
+Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_cache_key`` (workspace
+key + incarnation + shot index + shot plan hash; never the flow run id). ``done.json`` is the second:
+a shot task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
+folder is recreated, so wiping a workspace also invalidates cache records that point into it.
+No Prefect imports here: paths and files only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from enum import Enum
+from fractions import Fraction
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MIB = 1 << 20
+MANIFEST = "workspace.json"
+DONE = "done.json"
+FAILED = "failed.json"
+_PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+class WorkspaceError(RuntimeError):
+    """A workspace file cannot be read or created (the message names the file)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """A run workspace; small and JSON-serialisable so it can be a flow parameter (``as_dict``)."""
+
+    root: str
+    key: str
+    incarnation: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.root) / self.key
+
+    def shot_dir(self, index: int) -> Path:
+        return self.path / "shots" / f"{index:04d}"
+
+    def chunk_dir(self, index: int) -> Path:
+        return self.shot_dir(index) / "chunks"
+
+    def done_path(self, index: int) -> Path:
+        return self.shot_dir(index) / DONE
+
+    def failed_path(self, index: int) -> Path:
+        return self.shot_dir(index) / FAILED
+
+    def shot_cache_key(self, index: int, plan_hash: str) -> str:
+        """Prefect cache key of one shot: stable across parent runs, retries and hosts."""
+        return f"dubflow-{self.key}-{self.incarnation}-shot-{index:04d}-{plan_hash}"
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Workspace:
+        try:
+            return cls(
+                root=str(values["root"]), key=str(values["key"]), incarnation=str(values["incarnation"])
+            )
+        except KeyError as exc:
+            raise ValueError(f"workspace record: missing key {exc.args[0]!r} in {dict(values)!r}") from exc
+
+
+# ----------------------------------------------------------------------------------------- keys
+
+
+def film_fingerprint(film: str | os.PathLike[str]) -> str:
+    """Cheap content fingerprint of a (large) film file: size, mtime and first/last MiB hashed."""
+    path = Path(film)
+    try:
+        st = path.stat()
+        digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:".encode())
+        with path.open("rb") as fh:
+            digest.update(fh.read(MIB))
+            if st.st_size > MIB:
+                fh.seek(max(MIB, st.st_size - MIB))
+                digest.update(fh.read(MIB))
+    except OSError as exc:
+        raise WorkspaceError(f"{path}: cannot fingerprint film ({exc.strerror or exc})") from exc
+    return digest.hexdigest()[:32]
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """SHA-256 of the canonical JSON of ``obj`` (dataclasses, paths, fractions and enums allowed)."""
+    text = json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def config_hash(config: Any, *, exclude: Iterable[str] = ()) -> str:
+    """Hash of a config (mapping or dataclass), without the top-level keys in ``exclude``.
+
+    Leave out what does not change the result (output path, workspace root, worker count), so that
+    such changes still resume.
+    """
+    data = _jsonable(config)
+    if not isinstance(data, dict):
+        raise TypeError(f"config_hash: expected a mapping or dataclass, got {type(config).__name__}")
+    dropped = set(exclude)
+    return stable_hash({k: v for k, v in data.items() if k not in dropped})
+
+
+def code_version(project_dir: str | os.PathLike[str] | None = None) -> str:
+    """``<package version>+<git describe --always --dirty>``, or just the version outside git.
+
+    ``DUBFLOW_CODE_VERSION`` pins it (e.g. a release name on a cluster): any new commit changes
+    ``git describe``, and with it every workspace key, even a commit that touches only docs.
+    """
+    pinned = os.environ.get("DUBFLOW_CODE_VERSION", "").strip()
+    if pinned:
+        return pinned
+    try:
+        version = metadata.version("dubflow")
+    except metadata.PackageNotFoundError:
+        version = "0+unknown"
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=project_dir or _PROJECT_DIR,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version}+{described}" if described else version
+
+
+def workspace_key(film: str | os.PathLike[str], fingerprint: str, config_digest: str, version: str) -> str:
+    """``<film stem slug>-<16 hex>``: readable in a listing, unique per (film content, config, code)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", Path(film).stem.lower()).strip("-")[:40] or "film"
+    return f"{stem}-{stable_hash([fingerprint, config_digest, version])}"
+
+
+def open_workspace(
+    root: str | os.PathLike[str],
+    film: str | os.PathLike[str],
+    config: Any,
+    *,
+    exclude: Iterable[str] = (),
+    version: str | None = None,
+) -> Workspace:
+    """Create (or reopen) the workspace of ``film`` + ``config`` + code version under ``root``.
+
+    Safe when several runs open the same workspace at once: the first manifest written wins and the
+    others read its incarnation id.
+    """
+    version = code_version() if version is None else version
+    digest = config_hash(config, exclude=exclude)
+    fingerprint = film_fingerprint(film)
+    key = workspace_key(film, fingerprint, digest, version)
+    path = Path(root) / key
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "key": key,
+        "film": str(Path(film).resolve()),
+        "fingerprint": fingerprint,
+        "config_hash": digest,
+        "code_version": version,
+        "incarnation": uuid.uuid4().hex[:12],
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    target = path / MANIFEST
+    if not target.exists():
+        _publish_once(target, _json_bytes(manifest))
+    existing = read_json(target)
+    return Workspace(root=str(Path(root).resolve()), key=key, incarnation=str(existing["incarnation"]))
+
+
+# ------------------------------------------------------------------------------- shot markers
+
+
+def shot_done(ws: Workspace, index: int, plan_hash: str | None = None) -> bool:
+    """Whether shot ``index`` is complete (and, if given, was made from the plan ``plan_hash``)."""
+    record = read_shot_done(ws, index)
+    if record is None:
+        return False
+    return plan_hash is None or record.get("plan_hash") == plan_hash
+
+
+def read_shot_done(ws: Workspace, index: int) -> dict[str, Any] | None:
+    """The shot's ``done.json`` record, or None when the shot is not complete."""
+    path = ws.done_path(index)
+    return read_json(path) if path.exists() else None
+
+
+def mark_shot_done(ws: Workspace, index: int, record: Mapping[str, Any]) -> Path:
+    """Write ``done.json`` (atomically, last) and clear any previous failure record."""
+    body = {"index": index, "finished": datetime.now(UTC).isoformat(timespec="seconds"), **record}
+    path = atomic_write_json(ws.done_path(index), body)
+    ws.failed_path(index).unlink(missing_ok=True)
+    return path
+
+
+def mark_shot_failed(ws: Workspace, index: int, reason: str) -> Path:
+    """Record why shot ``index`` failed (shown in the film's shot table)."""
+    body = {"index": index, "reason": reason, "failed": datetime.now(UTC).isoformat(timespec="seconds")}
+    return atomic_write_json(ws.failed_path(index), body)
+
+
+def read_shot_failure(ws: Workspace, index: int) -> str | None:
+    """The last recorded failure reason of shot ``index``, if it is not done."""
+    path = ws.failed_path(index)
+    if not path.exists() or shot_done(ws, index):
+        return None
+    return str(read_json(path).get("reason", "unknown"))
+
+
+# ------------------------------------------------------------------------------ atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``final`` (same suffix); on success ``os.replace`` it into place.
+
+    On an exception the temporary file is removed and ``final`` is left untouched. The temporary name
+    keeps the final suffix so tools that pick a format from it (ffmpeg) behave the same.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{final.suffix}")
+    try:
+        yield tmp
+        if tmp.is_file():
+            _fsync_file(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(final.parent)
+
+
+def atomic_write_bytes(final: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``final`` atomically (readers see the old file or the whole new one)."""
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+    return Path(final)
+
+
+def atomic_write_json(final: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically."""
+    return atomic_write_bytes(final, _json_bytes(obj))
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file; errors name the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise WorkspaceError(f"{path}: cannot read JSON ({exc})") from exc
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain-JSON view of configs and records (dataclasses, paths, fractions, enums, tuples, sets)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted(_jsonable(v) for v in obj)
+    if isinstance(obj, Enum):
+        return _jsonable(obj.value)
+    if isinstance(obj, Fraction):
+        return f"{obj.numerator}/{obj.denominator}"
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot hash a {type(obj).__name__} value: {obj!r}")
+
+
+def _publish_once(final: Path, data: bytes) -> None:
+    """Create ``final`` with ``data`` unless it already exists (first writer wins, never torn)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, final)
+    finally:
+        os.unlink(tmp)
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

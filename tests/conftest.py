@@ -1,0 +1,36 @@
+"""Shared pytest fixtures.
+
+Most tests need no Prefect server; tests that run flows in-process opt in with the session fixture
+``prefect_harness`` (e.g. ``pytestmark = pytest.mark.usefixtures("prefect_harness")``). End-to-end tests
+that need real workers use ``tests/stack.py`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
+# server's telemetry otherwise logs "database is locked" noise.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary Prefect server (SQLite) for the session; yields the session's result storage dir.
+
+    Result storage (where cache records live) is per session through ``temporary_settings``: setting
+    ``os.environ`` here would be too late, and stale cache hits from an earlier session would follow.
+    """
+    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    results = tmp_path_factory.mktemp("prefect-results")
+    with (
+        temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results)}),
+        prefect_test_harness(server_startup_timeout=120),
+    ):
+        yield results
