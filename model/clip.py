@@ -30,7 +30,7 @@ class ClipVisionConfig:
     dim: int = 1280
     layers: int = 32
     heads: int = 16
-    mlp_ratio: int = 4
+    mlp_dim: int = 5120
     patch_size: int = 14
     image_size: int = 224
     eps: float = 1e-5
@@ -38,7 +38,9 @@ class ClipVisionConfig:
 
 CLIP_CONFIGS: dict[str, ClipVisionConfig] = {
     "vit-h-14": ClipVisionConfig(),
-    "tiny": ClipVisionConfig(dim=64, layers=4, heads=4),
+    "tiny": ClipVisionConfig(dim=64, layers=4, heads=4, mlp_dim=256),  # the parity golden's model
+    # what a tiny weights root uses: the DiT hard-codes 1280-wide CLIP tokens, so only depth/MLP shrink
+    "tiny-1280": ClipVisionConfig(dim=1280, layers=2, heads=16, mlp_dim=64),
 }
 
 
@@ -46,7 +48,7 @@ def hf_config(cfg: ClipVisionConfig) -> CLIPVisionConfig:
     """HF config of the truncated tower: every block but the last (what InfiniteTalk reads)."""
     return CLIPVisionConfig(
         hidden_size=cfg.dim,
-        intermediate_size=cfg.dim * cfg.mlp_ratio,
+        intermediate_size=cfg.mlp_dim,
         num_hidden_layers=cfg.layers - 1,
         num_attention_heads=cfg.heads,
         patch_size=cfg.patch_size,
@@ -62,13 +64,13 @@ def clip_config_from_state(state: dict[str, torch.Tensor]) -> ClipVisionConfig:
     layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("visual.transformer."))
     patch = state["visual.patch_embedding.weight"].shape[-1]
     tokens = state["visual.pos_embedding"].shape[1]
-    mlp = state["visual.transformer.0.mlp.0.weight"].shape[0] // dim
+    mlp = state["visual.transformer.0.mlp.0.weight"].shape[0]
     heads = next((c.heads for c in CLIP_CONFIGS.values() if c.dim == dim), None)
     if heads is None:
         raise ValueError(f"no CLIP preset with width {dim}, so the head count is unknown")
     grid = round((tokens - 1) ** 0.5)
     return ClipVisionConfig(
-        dim=dim, layers=layers, heads=heads, mlp_ratio=mlp, patch_size=patch, image_size=grid * patch
+        dim=dim, layers=layers, heads=heads, mlp_dim=mlp, patch_size=patch, image_size=grid * patch
     )
 
 
@@ -171,7 +173,7 @@ def load_clip(
     config: ClipVisionConfig | None = None,
 ) -> ClipImageEncoder:
     """Load the vision tower of the official CLIP file strictly (text tower ignored)."""
-    from model.loading import read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
+    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
 
     pth = Path(pth)
     official = read_torch_state(pth)
@@ -179,7 +181,7 @@ def load_clip(
         cfg = config or clip_config_from_state(official)
         state = convert_state(official, cfg.layers)
     except (KeyError, ValueError) as e:
-        raise ValueError(f"{pth}: not an open-clip XLM-RoBERTa ViT checkpoint ({e})") from e
+        raise CheckpointError(f"{pth}: not an open-clip XLM-RoBERTa ViT checkpoint ({e})") from e
     with torch.device("meta"):
         model = build_clip(cfg, device=device)
     if next(iter(model.state_dict())).startswith("vision_model."):  # transformers 4.x names

@@ -2,60 +2,52 @@
 
 `load_models(root, spec)` is the one entry point. Models are constructed on the meta device and
 their weights assigned from memory-mapped files with strict key and shape checks, so a wrong or
-damaged file fails before any compute with an error naming the file (and key).
+damaged file fails before any compute with an error naming the file (and key). The components are
+cross-checked against the DiT's config (text width, CLIP width, audio layers x width, latent channels).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from model.checkpoint import CheckpointError, check_keys, load_into
+from model.weights import QUANTS, WeightsLayout, layout_for
+
 log = logging.getLogger(__name__)
 
+COMPONENTS = ("dit", "vae", "t5", "clip", "audio")
 
-class CheckpointError(ValueError):
-    """A weights file that cannot be read or does not fit the model (message names the file/key)."""
+__all__ = [
+    "COMPONENTS",
+    "CheckpointError",
+    "LoadSpec",
+    "Models",
+    "load_models",
+    "read_torch_state",
+    "strict_assign",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# generic helpers for torch.save checkpoints (the safetensors ones live in model.checkpoint)
 
 
 def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
-    """Memory-map a `torch.save(state_dict)` file (weights only, nothing executed)."""
+    """Memory-map a `torch.save(state_dict)` file (weights only: nothing in it is executed)."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: weights file not found")
+        raise CheckpointError(f"{path}: file not found")
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, pickle/zip errors, ... for damaged files
+    except Exception as e:  # torch raises RuntimeError, pickle and zip errors for damaged files
         raise CheckpointError(f"{path}: cannot read torch checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a flat state_dict of tensors")
     return state
-
-
-def _describe(keys: set[str], limit: int = 6) -> str:
-    shown = ", ".join(sorted(keys)[:limit])
-    return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def check_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path | str) -> None:
-    """Raise CheckpointError naming `source` and every missing / unexpected / wrongly shaped key."""
-    expected = model.state_dict()
-    missing = set(expected) - set(state)
-    unexpected = set(state) - set(expected)
-    problems = []
-    if missing:
-        problems.append(f"missing keys: {_describe(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys: {_describe(unexpected)}")
-    bad_shapes = [
-        f"{k} has shape {tuple(state[k].shape)}, model expects {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems += bad_shapes[:4]
-    if problems:
-        raise CheckpointError(f"{source}: " + "; ".join(problems))
 
 
 def strict_assign(
@@ -68,9 +60,10 @@ def strict_assign(
 ) -> None:
     """Check `state` against a (meta-built) model, cast floats to `dtype`, move, and assign in place.
 
-    Tensors shared between keys (tied weights) stay shared. Fails if any tensor is left on meta.
+    Keys are checked before anything is copied; tensors shared between keys (tied weights) stay
+    shared; a tensor left on the meta device afterwards is an error.
     """
-    check_state(model, state, source)
+    check_keys(model.state_dict(), state, str(source))
     converted: dict[int, torch.Tensor] = {}
     out = {}
     for k, v in state.items():
@@ -78,7 +71,134 @@ def strict_assign(
             cast = dtype if (dtype is not None and v.is_floating_point()) else v.dtype
             converted[id(v)] = v.to(device=device, dtype=cast)
         out[k] = converted[id(v)]
-    model.load_state_dict(out, strict=True, assign=True)
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    load_into(model, out, str(source))
+    left = sorted(n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta)
     if left:
-        raise CheckpointError(f"{source}: tensors not initialised after loading: {_describe(set(left))}")
+        raise CheckpointError(f"{source}: tensors not initialised after loading: {', '.join(left[:6])}")
+
+
+# ---------------------------------------------------------------------------------------------
+# load_models
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to load, where, and in which precision. Defaults are the official ones for a GPU run."""
+
+    mode: str = "infinitetalk-480"
+    device: str = "cuda"
+    dtype: torch.dtype = torch.bfloat16  # DiT
+    vae_dtype: torch.dtype = torch.float32
+    t5_dtype: torch.dtype = torch.bfloat16
+    clip_dtype: torch.dtype = torch.float16
+    audio_dtype: torch.dtype = torch.float32
+    t5_cpu: bool = False  # keep umT5 (~11 GB in bf16) on the CPU
+    quant: str = "none"  # none | fp8 | int8 (official quanto files; DiT only)
+    loras: tuple[tuple[str, float], ...] = ()  # (safetensors path, scale), merged in order
+    components: tuple[str, ...] = COMPONENTS
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANTS:
+            raise ValueError(f"quant {self.quant!r} not in {QUANTS}")
+        unknown = set(self.components) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown components {sorted(unknown)}; known: {list(COMPONENTS)}")
+        if self.loras and self.quant != "none":
+            raise ValueError("LoRAs cannot be merged into a quantized DiT (as in the official pipeline)")
+
+    @classmethod
+    def cpu_float32(cls, **changes) -> LoadSpec:
+        """Everything float32 on the CPU (tests, tiny weights)."""
+        f32 = torch.float32
+        base = {
+            "device": "cpu",
+            "dtype": f32,
+            "vae_dtype": f32,
+            "t5_dtype": f32,
+            "clip_dtype": f32,
+            "t5_cpu": True,
+        }
+        return cls(**{**base, **changes})
+
+
+@dataclass
+class Models:
+    """The loaded components (None where not requested)."""
+
+    spec: LoadSpec
+    dit: nn.Module | None = None
+    vae: object | None = None  # model.vae.WanVAE
+    t5: object | None = None  # model.t5.T5TextEncoder
+    clip: object | None = None  # model.clip.ClipImageEncoder
+    audio: object | None = None  # model.wav2vec.AudioEncoder
+
+
+def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
+    from model.checkpoint import load_dit  # noqa: PLC0415
+    from model.lora import merge_lora  # noqa: PLC0415
+
+    wan = root / layout.wan_dir
+    if spec.quant != "none":
+        from model.quant import load_quant_dit  # noqa: PLC0415 (imports optimum-quanto)
+
+        return load_quant_dit(wan, root / layout.quant_file(spec.quant), dtype=spec.dtype, device=spec.device)
+    dit = load_dit(wan, root / layout.infinitetalk, dtype=spec.dtype, device=spec.device)
+    for path, scale in spec.loras:
+        merge_lora(dit, Path(path), scale)
+    return dit
+
+
+def _cross_check(models: Models, root: Path, layout: WeightsLayout) -> None:
+    """Every encoder must produce what the DiT's config expects."""
+    if models.dit is None:
+        return
+    c = models.dit.config
+    src = root / layout.wan_dir / "config.json"
+    checks = []
+    if models.t5 is not None:
+        checks.append((layout.t5, "umT5 width", models.t5.model.config.d_model, "text_dim", c.text_dim))
+    if models.clip is not None:
+        checks.append(
+            (layout.clip, "CLIP width", models.clip.model.config.hidden_size, "clip_dim", c.clip_dim)
+        )
+    if models.audio is not None:
+        a = models.audio
+        checks.append((layout.wav2vec_dir, "wav2vec2 layers", a.num_layers, "audio_blocks", c.audio_blocks))
+        checks.append((layout.wav2vec_dir, "wav2vec2 width", a.hidden, "audio_channels", c.audio_channels))
+    if models.vae is not None:
+        checks.append((layout.vae, "VAE latent channels", models.vae.z_dim, "out_dim", c.out_dim))
+    for rel, what, got, field, want in checks:
+        if got != want:
+            path = root / layout.wav2vec_dir if rel == layout.wav2vec_dir else root / layout.wan_dir / rel
+            raise CheckpointError(f"{path}: {what} {got} does not match the DiT's {field} {want} ({src})")
+
+
+def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
+    """Load the requested components from a weights root in the official layout (see `model.weights`)."""
+    from model.clip import load_clip  # noqa: PLC0415 (keep `import model.loading` light)
+    from model.t5 import load_t5  # noqa: PLC0415
+    from model.vae import load_vae  # noqa: PLC0415
+    from model.wav2vec import load_wav2vec  # noqa: PLC0415
+
+    spec = spec or LoadSpec()
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: weights root not found")
+    layout = layout_for(spec.mode, spec.quant)
+    wan = root / layout.wan_dir
+    models = Models(spec=spec)
+    want = set(spec.components)
+    if "dit" in want:
+        models.dit = _load_dit(root, layout, spec)
+    if "vae" in want:
+        models.vae = load_vae(wan / layout.vae, dtype=spec.vae_dtype, device=spec.device)
+    if "t5" in want:
+        t5_device = "cpu" if spec.t5_cpu else spec.device
+        models.t5 = load_t5(wan / layout.t5, wan / layout.tokenizer, dtype=spec.t5_dtype, device=t5_device)
+    if "clip" in want:
+        models.clip = load_clip(wan / layout.clip, dtype=spec.clip_dtype, device=spec.device)
+    if "audio" in want:
+        models.audio = load_wav2vec(root / layout.wav2vec_dir, dtype=spec.audio_dtype, device=spec.device)
+    _cross_check(models, root, layout)
+    log.info("loaded %s from %s (%s, quant %s)", ", ".join(spec.components), root, spec.device, spec.quant)
+    return models

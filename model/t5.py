@@ -178,10 +178,14 @@ def build_umt5(cfg: T5Config) -> UMT5EncoderModel:
 
 
 def load_tokenizer(tokenizer_dir: Path | str) -> PreTrainedTokenizerBase:
+    from model.checkpoint import CheckpointError  # noqa: PLC0415
+
+    if not Path(tokenizer_dir).is_dir():
+        raise CheckpointError(f"{tokenizer_dir}: tokenizer folder not found")
     try:
         return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{tokenizer_dir}: cannot load the umT5 tokenizer ({e})") from e
+        raise CheckpointError(f"{tokenizer_dir}: cannot load the umT5 tokenizer ({e})") from e
 
 
 def load_t5(
@@ -192,7 +196,7 @@ def load_t5(
     device: torch.device | str = "cpu",
 ) -> T5TextEncoder:
     """Load `models_t5_umt5-xxl-enc-bf16.pth` strictly into a meta-built `UMT5EncoderModel`."""
-    from model.loading import read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
+    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
 
     pth = Path(pth)
     official = read_torch_state(pth)
@@ -200,7 +204,7 @@ def load_t5(
         cfg = t5_config_from_state(official)
         state = convert_state(official)
     except (KeyError, ValueError) as e:
-        raise ValueError(f"{pth}: not an umT5 encoder checkpoint ({e})") from e
+        raise CheckpointError(f"{pth}: not an umT5 encoder checkpoint ({e})") from e
     with torch.device("meta"):
         model = build_umt5(cfg)
     strict_assign(model, state, source=pth, dtype=dtype, device=device)

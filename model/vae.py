@@ -475,14 +475,14 @@ def load_vae(
     config: VAEConfig | None = None,
 ) -> WanVAE:
     """Load `Wan2.1_VAE.pth` (or a tiny one) strictly into a meta-built model; returns the scaled wrapper."""
-    from model.loading import read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
+    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
 
     pth = Path(pth)
     state = read_torch_state(pth)
     try:
         cfg = config or vae_config_from_state(state)
     except KeyError as e:
-        raise ValueError(f"{pth}: {e.args[0]}") from e
+        raise CheckpointError(f"{pth}: {e.args[0]}") from e
     with torch.device("meta"):
         model = CausalVAE(cfg)
     strict_assign(model, state, source=pth, dtype=dtype, device=device)

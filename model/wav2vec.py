@@ -194,22 +194,26 @@ def load_wav2vec(
     model_dir: Path | str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> AudioEncoder:
     """Load a local HF wav2vec2 directory (e.g. chinese-wav2vec2-base); missing weights are an error."""
+    from model.checkpoint import CheckpointError  # noqa: PLC0415
+
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir / 'config.json'}: wav2vec2 config not found")
+        raise CheckpointError(f"{model_dir / 'config.json'}: wav2vec2 config not found")
     try:
         model, info = Wav2Vec2Model.from_pretrained(
             str(model_dir), local_files_only=True, dtype=dtype, output_loading_info=True
         )
         extractor = Wav2Vec2FeatureExtractor.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{model_dir}: cannot load wav2vec2 ({e})") from e
+        raise CheckpointError(f"{model_dir}: cannot load wav2vec2 ({e})") from e
     bad = [*info.get("missing_keys", []), *(str(m) for m in info.get("mismatched_keys", []))]
     if bad:
-        raise ValueError(f"{model_dir}: weights missing or mis-shaped: {', '.join(sorted(bad)[:6])}")
+        raise CheckpointError(f"{model_dir}: weights missing or mis-shaped: {', '.join(sorted(bad)[:6])}")
     sr = extractor.sampling_rate
     if sr != SAMPLE_RATE:
-        raise ValueError(f"{model_dir}: feature extractor expects {sr} Hz, dubflow feeds {SAMPLE_RATE} Hz")
+        raise CheckpointError(
+            f"{model_dir}: feature extractor expects {sr} Hz, dubflow feeds {SAMPLE_RATE} Hz"
+        )
     log.info(
         "loaded wav2vec2 %s (%d layers, %s, %s)", model_dir, model.config.num_hidden_layers, dtype, device
     )

@@ -1,0 +1,128 @@
+"""Merge LoRA / weight-difference files into a loaded DiT (lightx2v, FusionX and similar Wan LoRAs).
+
+Key formats (all under the `diffusion_model.` prefix, `<p>` = a DiT parameter's module path):
+  `<p>.lora_down.weight` + `<p>.lora_up.weight` [+ `<p>.alpha`]  ->  W += scale * (alpha / rank) * up @ down
+  `<p>.lora_A.weight` + `<p>.lora_B.weight` (PEFT spelling of the same)
+  `<p>.diff`   -> W += scale * diff        `<p>.diff_b` -> bias += scale * diff_b
+Without an `alpha` key the factor alpha / rank is 1. (The official InfiniteTalk merge ignores `alpha`
+altogether; the common Wan LoRAs store alpha == rank, where both agree.) Every key must be
+understood and every target must exist with the right shape, otherwise nothing is merged and the
+error names the offending keys. Merging is done in float32 and rounded once to the parameter dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "diffusion_model."
+_DOWN = (".lora_down.weight", ".lora_A.weight")
+_UP = (".lora_up.weight", ".lora_B.weight")
+
+
+class LoraError(CheckpointError):
+    """A LoRA file that cannot be merged (message names the file and keys)."""
+
+
+@dataclass(frozen=True)
+class LoraUpdate:
+    """One parameter update: low-rank (`up @ down`, scaled) or a full difference tensor."""
+
+    target: str  # parameter name in the DiT, e.g. "blocks.0.self_attn.q.weight"
+    down: torch.Tensor | None = None  # (r, in, *k)
+    up: torch.Tensor | None = None  # (out, r, *1)
+    diff: torch.Tensor | None = None
+    factor: float = 1.0  # alpha / rank
+
+    def fits(self, shape: torch.Size) -> bool:
+        """Whether the update reshapes onto a parameter of `shape` (checked before any merge)."""
+        if self.diff is not None:
+            return self.diff.numel() == shape.numel()
+        rows, inner = self.up.shape[0], self.down[0].numel()
+        return rows == shape[0] and rows * inner == shape.numel()
+
+    def delta(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        if self.diff is not None:
+            return self.diff.to(device, torch.float32).reshape(shape) * self.factor
+        up = self.up.to(device, torch.float32).flatten(1)  # (out, r)
+        down = self.down.to(device, torch.float32).flatten(1)  # (r, in * k)
+        return (up @ down).reshape(shape) * self.factor
+
+
+def parse_lora(tensors: dict[str, torch.Tensor], source: str) -> list[LoraUpdate]:
+    """Group a LoRA file's tensors into updates; unknown or unpaired keys raise LoraError."""
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    updates: list[LoraUpdate] = []
+    unknown = []
+    for key, t in tensors.items():
+        if not key.startswith(PREFIX):
+            unknown.append(key)
+            continue
+        name = key[len(PREFIX) :]
+        if name.endswith(_DOWN + _UP):
+            suffix = next(s for s in _DOWN + _UP if name.endswith(s))
+            groups.setdefault(name[: -len(suffix)], {})["down" if suffix in _DOWN else "up"] = t
+        elif name.endswith(".alpha"):
+            groups.setdefault(name[: -len(".alpha")], {})["alpha"] = t
+        elif name.endswith(".diff_b"):
+            updates.append(LoraUpdate(target=name[: -len(".diff_b")] + ".bias", diff=t))
+        elif name.endswith(".diff"):
+            updates.append(LoraUpdate(target=name[: -len(".diff")] + ".weight", diff=t))
+        else:
+            unknown.append(key)
+    if unknown:
+        raise LoraError(f"{source}: unrecognised LoRA key(s): {', '.join(sorted(unknown)[:8])}")
+    unpaired = sorted(PREFIX + base for base, g in groups.items() if "down" not in g or "up" not in g)
+    if unpaired:
+        raise LoraError(f"{source}: lora_down/lora_up pair incomplete for: {', '.join(unpaired[:8])}")
+    for base, g in groups.items():
+        rank = g["down"].shape[0]
+        if g["up"].shape[1] != rank:
+            raise LoraError(f"{source}: {PREFIX}{base}: up rank {g['up'].shape[1]} != down rank {rank}")
+        factor = float(g["alpha"].float().reshape(-1)[0]) / rank if "alpha" in g else 1.0
+        updates.append(LoraUpdate(target=base + ".weight", down=g["down"], up=g["up"], factor=factor))
+    return updates
+
+
+def read_lora(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a LoRA safetensors file (memory-mapped)."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    if not path.is_file():
+        raise LoraError(f"{path}: LoRA file not found")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as e:  # safetensors raises its own error types
+        raise LoraError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module, path: Path | str, scale: float = 1.0) -> int:
+    """Add `scale` x the LoRA in `path` to the model's weights in place; returns the number of tensors changed."""
+    path = Path(path)
+    updates = parse_lora(read_lora(path), str(path))
+    params = dict(model.named_parameters())
+    missing = sorted(PREFIX + u.target for u in updates if u.target not in params)
+    if missing:
+        raise LoraError(f"{path}: LoRA targets not in the model: {', '.join(missing[:8])}")
+    misfit = [
+        f"{PREFIX}{u.target} {tuple(params[u.target].shape)}"
+        for u in updates
+        if not u.fits(params[u.target].shape)
+    ]
+    if misfit:
+        raise LoraError(f"{path}: LoRA update shape does not fit: {', '.join(misfit[:8])}")
+    for u in updates:  # one delta at a time: never a second full copy of the model
+        p = params[u.target]
+        p.copy_((p.float() + scale * u.delta(p.shape, p.device)).to(p.dtype))
+    log.info("merged LoRA %s (scale %g) into %d tensors", path, scale, len(updates))
+    return len(updates)
