@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -47,6 +47,32 @@ AUDIO_WINDOW = 5  # frames of wav2vec2 features centred on each video frame
 
 PlanPolicy = Literal["dubflow", "official"]
 ColorReference = Literal["chunk", "first"]
+
+
+class VelocityModel(Protocol):
+    """The DiT as the sampler calls it (`model.dit.InfiniteTalkDiT`)."""
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        *,
+        t: torch.Tensor,
+        context: torch.Tensor,
+        clip_fea: torch.Tensor,
+        y: torch.Tensor,
+        audio: torch.Tensor,
+        ref_target_masks: torch.Tensor | None,
+        teacache: object | None,
+        branch: str,
+    ) -> torch.Tensor: ...
+
+
+class LatentCodec(Protocol):
+    """The VAE as the sampler uses it (`model.vae.WanVAE`)."""
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,7 +446,7 @@ def first_frame_mask(
     return msk
 
 
-def build_y(vae, reference: torch.Tensor, length: int) -> torch.Tensor:
+def build_y(vae: LatentCodec, reference: torch.Tensor, length: int) -> torch.Tensor:
     """Image condition ``[mask, VAE(reference, zeros...)]``: (1, 20, F_lat, h, w).
 
     reference: (1, 3, 1, H, W) in [-1, 1].
@@ -570,7 +596,7 @@ def _source_chunk(cond: Conditioning, spec: ChunkSpec) -> torch.Tensor:
 
 
 def denoise_chunk(
-    model,
+    model: VelocityModel,
     latent: torch.Tensor,
     motion_latent: torch.Tensor,
     timesteps: torch.Tensor,
@@ -639,9 +665,10 @@ def denoise_chunk(
     return latent
 
 
+@torch.no_grad()
 def stream_generate(
-    model,
-    vae,
+    model: VelocityModel,
+    vae: LatentCodec,
     *,
     cond: Conditioning,
     settings: SamplerSettings,
@@ -662,8 +689,9 @@ def stream_generate(
     ``tasks.color.match_and_blend``; skipped when None or the strength is 0.
     generator: noise source for a fresh run (default: seeded with ``settings.seed`` on the
     context's device); on resume the generator state stored in `state` wins.
-    teacache: optional step cache handed to every model call with its branch name; reset at
-    the start of each chunk (the official counters restart every chunk too).
+    teacache: optional step cache (`model.teacache.TeaCache`) handed to every model call with its
+    branch name and reset at the start of each chunk (the official counters restart every chunk
+    too); build it for ``sampling_steps - settings.start_step`` steps.
     on_chunk: called after every chunk with its kept frames, latent and the state to checkpoint.
     max_chunks: stop after this many chunks (the returned state continues the run).
     """
@@ -706,7 +734,9 @@ def stream_generate(
         )
         # 1. audio windows and initial noise (official RNG order: noise first)
         audio = chunk_audio([a.to(device) for a in cond.audio], spec)  # (S, L, 5, 12, 768)
-        reference = _batched(reference_frame_fn(spec.index, spec.start), 5).to(device)  # (1, 3, 1, H, W)
+        reference = _batched(reference_frame_fn(spec.index, spec.start), 5).to(device, torch.float32)
+        if reference.shape[:3] != (1, 3, 1):
+            raise ValueError(f"reference_frame_fn must return (3, 1, H, W), got {tuple(reference.shape)}")
         h, w = reference.shape[-2] // VAE_SPACE_STRIDE, reference.shape[-1] // VAE_SPACE_STRIDE
         noise = torch.randn(
             (1, LATENT_CHANNELS, spec.latent_frames, h, w),
@@ -757,6 +787,10 @@ def stream_generate(
             state.color_reference = reference.detach().clone()
         color_ref = state.color_reference if settings.color_reference == "first" else reference
         if color_fn is not None and settings.color_correction_strength > 0:
+            if color_ref is None:
+                raise ValueError(
+                    "stream_generate: color_reference='first' but the state has no colour reference"
+                )
             video = color_fn(video, color_ref.to(video.device), settings.color_correction_strength)
         frames = video[0, :, spec.keep_start : spec.keep_end]  # (3, n_kept, H, W)
         # 6. state for the next chunk
@@ -772,8 +806,8 @@ def stream_generate(
         if on_chunk is not None:
             on_chunk(ChunkOutput(spec, frames, x0[0], state))
         specs_out.append(spec)
-        if collect:
-            frames_out.append(frames)
-            latents_out.append(x0[0])
+        if collect:  # kept on the host: a long shot's frames would not fit next to the model
+            frames_out.append(frames.cpu())
+            latents_out.append(x0[0].cpu())
     video_out = torch.cat(frames_out, dim=1) if frames_out else None
     return StreamResult(video_out, latents_out, specs_out, state, len(plan))

@@ -205,26 +205,40 @@ def full_run(parts):
     """An uninterrupted 3-chunk run, its model calls and its settings."""
     model, vae, color = parts
     s = tiny_settings(color_reference="first")
-    rec = Recorder(model)
+    rec, seen = Recorder(model), []
     with torch.no_grad():
         out = stream_generate(
-            rec, vae, cond=make_cond(N_FULL), settings=s, reference_frame_fn=reference_frame, color_fn=color
+            rec,
+            vae,
+            cond=make_cond(N_FULL),
+            settings=s,
+            reference_frame_fn=reference_frame,
+            color_fn=color,
+            on_chunk=seen.append,
         )
-    return out, rec.calls, s
+    return out, rec.calls, s, seen
 
 
 def test_full_run_starts_from_seeded_noise(full_run) -> None:
-    out, calls, s = full_run
+    out, calls, s, seen = full_run
     assert out.video.shape == (3, N_FULL, H, W) and out.done and [c.index for c in out.chunks] == [0, 1, 2]
     assert len(calls) == 3 * 3 and [c["branch"] for c in calls[:3]] == ["cond", "drop_text", "uncond"]
     noise = torch.randn(1, 16, 2, 2, 2, generator=torch.Generator().manual_seed(s.seed))
     assert torch.equal(calls[0]["t"], torch.tensor([1000.0]))
     assert torch.equal(calls[0]["x"][:, :, 1:], noise[:, :, 1:])  # frame 0 holds the reference latent
+    # on_chunk sees every chunk's kept frames and the state to checkpoint after it
+    assert [c.state.next_chunk for c in seen] == [1, 2, 3]
+    assert [c.state.frames_emitted for c in seen] == [5, 9, 13]
+    assert torch.equal(torch.cat([c.frames for c in seen], dim=1), out.video)
+    assert (
+        seen[0].state.motion_frames.shape == (1, 3, s.motion_frames, H, W)
+        and seen[-1].state.motion_frames is None
+    )
 
 
 def test_resume_after_chunk_matches_uninterrupted_run(parts, full_run, tmp_path) -> None:
     model, vae, color = parts
-    full, _, s = full_run
+    full, _, s, _ = full_run
     kw = dict(cond=make_cond(N_FULL), settings=s, reference_frame_fn=reference_frame, color_fn=color)
     with torch.no_grad():
         first = stream_generate(model, vae, **kw, max_chunks=1)
@@ -248,7 +262,7 @@ def test_teacache_sees_named_branches_and_changes_nothing_when_computing(parts, 
     from model.teacache import TeaCache, TeaCacheConfig
 
     model, vae, color = parts
-    full, _, s = full_run
+    full, _, s, _ = full_run
     cache = TeaCache(TeaCacheConfig(), sample_steps=s.sampling_steps)
     with torch.no_grad():
         cached = stream_generate(
