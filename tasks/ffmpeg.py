@@ -102,9 +102,17 @@ def read_lines(
 
 
 def read_blocks(
-    args: Sequence[str], block_size: int, *, path: str | Path, what: str = "decoding"
+    args: Sequence[str],
+    block_size: int,
+    *,
+    path: str | Path,
+    what: str = "decoding",
+    partial_tail: bool = False,
 ) -> Iterator[bytes]:
-    """Yield fixed-size blocks of ffmpeg's stdout (raw frames / PCM). A short tail is an error."""
+    """Yield fixed-size blocks of ffmpeg's stdout (raw frames / PCM).
+
+    A short last block is yielded when `partial_tail` (PCM), else it is an error (frames).
+    """
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [ffmpeg_exe(), *BASE_ARGS, *args],
@@ -123,7 +131,9 @@ def read_blocks(
                 rc = proc.wait()
                 if rc != 0:
                     raise DecodeError(path, f"{what} failed: {last_error_line(_stderr_tail(err))}")
-                if buf:
+                if buf and partial_tail:
+                    yield buf
+                elif buf:
                     raise DecodeError(
                         path, f"{what} ended with a partial block ({len(buf)} of {block_size} bytes)"
                     )

@@ -21,14 +21,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image
 
 from tasks import ffmpeg
 from tasks.errors import DecodeError, MediaError
 from tasks.probe import VideoInfo
+
+if TYPE_CHECKING:
+    import torch
 
 # ratio key (height / width) -> (height, width). Dict order matters: ties keep the first key.
 BUCKET_TABLES: dict[str, dict[str, tuple[int, int]]] = {
@@ -96,6 +99,8 @@ def resize_and_centercrop(image: np.ndarray, target_hw: tuple[int, int]) -> np.n
 
 def resize_and_centercrop_tensor(t: torch.Tensor, target_hw: tuple[int, int]) -> torch.Tensor:
     """(C, h, w) tensor -> (C, th, tw): nearest resize to cover, centre crop (the mask path)."""
+    import torch  # lazy: `dubflow shots` never needs torch
+
     g = CropGeometry.cover(tuple(t.shape[-2:]), target_hw)
     resized = torch.nn.functional.interpolate(t[None], size=g.scaled_hw, mode="nearest")[0]  # (C, nh, nw)
     th, tw = target_hw

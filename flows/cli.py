@@ -1,0 +1,201 @@
+"""`dubflow` command line.
+
+    dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--config FILE] [--backend NAME] [--set k=v ...]
+    dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
+    dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
+    dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q]
+
+`dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else
+Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain calls. `shots` and
+`plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`,
+and exit with status 1 (no traceback; `--debug` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("dubflow")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML file overriding configs/default.yaml")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config value, e.g. --set color.strength=0.5 (repeatable)",
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dubflow", description="Batch film dubbing with InfiniteTalk.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dub = sub.add_parser("dub", help="dub a film")
+    dub.add_argument("source", help="the film (any container/codec ffmpeg reads)")
+    dub.add_argument("--audio", required=True, metavar="DUB", help="dubbed dialogue track (drives the lips)")
+    dub.add_argument(
+        "--mix", metavar="MIX", help="final mix to put in the output (default: the dialogue track)"
+    )
+    dub.add_argument("--out", required=True, metavar="OUT", help="output file (.mp4, .mov, .mkv)")
+    dub.add_argument(
+        "--backend", metavar="NAME", help="backend (passthrough = dry run); same as --set backend.name="
+    )
+    dub.add_argument(
+        "--no-prefect", action="store_true", help="run the steps without Prefect (no server, no UI)"
+    )
+    _add_config_args(dub)
+
+    shots = sub.add_parser("shots", help="print the shot partition as JSON")
+    shots.add_argument("source")
+    _add_config_args(shots)
+
+    plan = sub.add_parser("plan", help="print the per-shot chunk plan as JSON")
+    plan.add_argument("source")
+    plan.add_argument("--audio", required=True, metavar="DUB")
+    _add_config_args(plan)
+
+    weights = sub.add_parser("weights", help="check or fetch model weights")
+    wsub = weights.add_subparsers(dest="weights_command", required=True)
+    verify = wsub.add_parser("verify", help="check a weights directory")
+    verify.add_argument("dir")
+    download = wsub.add_parser("download", help="download the weights (Hugging Face Hub)")
+    download.add_argument("--to", default="weights", metavar="DIR")
+    for p in (verify, download):
+        p.add_argument("--mode", default="infinitetalk-480", help="infinitetalk-480 | infinitetalk-720")
+        p.add_argument("--quant", default="none", help="none | fp8 | int8")
+    return parser
+
+
+def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
+    from tasks.config import load_config
+
+    return load_config(args.config, [*args.overrides, *(extra or [])])
+
+
+def cmd_shots(args: argparse.Namespace) -> int:
+    from tasks.probe import probe
+    from tasks.shots import detect_shots
+
+    cfg = _config(args)
+    info = probe(args.source, frame_count=cfg.probe.frame_count)
+    shots = detect_shots(info, cfg.shots)
+    print(json.dumps([s.to_dict(shots.fps) for s in shots.shots], indent=1))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tasks.audio import check_length, decode_audio, slice_bounds
+    from tasks.plan import plan_film
+    from tasks.probe import probe
+    from tasks.shots import detect_shots
+
+    cfg = _config(args)
+    info = probe(args.source, frame_count=cfg.probe.frame_count)
+    shots = detect_shots(info, cfg.shots)
+    samples = decode_audio(args.audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
+    decision = check_length(
+        samples.shape[0],
+        cfg.audio.sample_rate,
+        shots.frame_count,
+        shots.fps,
+        cfg.audio.length_policy,
+        path=args.audio,
+    )
+    edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
+    bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, decision.target_samples)
+    out = []
+    for shot, plan, (a, b) in zip(
+        shots.shots, plan_film(shots.shots, shots.fps, cfg.plan), bounds, strict=True
+    ):
+        d = plan.to_dict()
+        d["start_s"], d["end_s"] = shot.to_dict(shots.fps)["start_s"], shot.to_dict(shots.fps)["end_s"]
+        d["audio_samples"] = [a, b]
+        d["sample_rate"] = cfg.audio.sample_rate
+        out.append(d)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_dub(args: argparse.Namespace) -> int:
+    extra = [f"backend.name={args.backend}"] if args.backend else []
+    cfg = _config(args, extra)
+    from tasks.assemble import check_output_path
+    from tasks.probe import read_header
+
+    # cheap checks before any Prefect start-up: the inputs open, the output is usable
+    check_output_path(args.out, args.source, args.audio, args.mix)
+    read_header(args.source)
+    for p in (args.audio, args.mix):
+        if p:
+            read_header(p)
+    if args.no_prefect:
+        from flows.dub_film import dub_film_inline
+
+        out = dub_film_inline(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+    else:
+        if not os.environ.get("PREFECT_API_URL"):
+            # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
+            os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+        from flows.dub_film import dub_film
+
+        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+    print(out)
+    return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from model.weights import download_weights, verify_weights
+
+    if args.weights_command == "verify":
+        problems = verify_weights(Path(args.dir), args.mode, args.quant)
+        for p in problems:
+            print(p)
+        if problems:
+            print(f"dubflow: error: {args.dir}: {len(problems)} problem(s) with the weights", file=sys.stderr)
+            return 1
+        print(f"{args.dir}: weights OK ({args.mode}, quant {args.quant})")
+        return 0
+    print(download_weights(Path(args.to), args.mode, args.quant))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    from tasks.errors import DubflowError
+
+    handlers = {"dub": cmd_dub, "shots": cmd_shots, "plan": cmd_plan, "weights": cmd_weights}
+    try:
+        return handlers[args.command](args)
+    except DubflowError as ex:
+        if args.debug:
+            raise
+        print(f"dubflow: error: {ex}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dubflow: interrupted", file=sys.stderr)
+        return 130
+    except Exception as ex:  # an unexpected failure: still one line unless --debug
+        if args.debug:
+            raise
+        where = getattr(args, "source", None) or getattr(args, "dir", None) or "dubflow"
+        msg = " ".join(f"{type(ex).__name__}: {ex}".split())
+        print(f"dubflow: error: {where}: {msg} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The interface a dubbing model plugs into, its registry, and the `passthrough` dry-run backend.
+
+A backend is streaming per shot: `open_shot` gets the shot's plan, geometry and audio (and a
+state to resume from); the returned session's `dub_chunk` is called once per planned chunk in
+order, with the chunk's source frames, its sliding reference frame and its audio window, and
+returns the output frames for exactly the chunk's source-frame range (`src_start..src_end`, at
+the source rate and coded size: the InfiniteTalk backend generates 25 fps frames in the model
+bucket and maps them back with `ShotPlan.conform_indices` and `ModelGeometry.from_model`). After
+each chunk `state()` may return something picklable (e.g. motion latents) that the renderer
+checkpoints, so a restarted shot resumes at the next chunk.
+
+Backends are looked up by name in `BACKENDS` ("module:attribute" strings, imported lazily so
+asking for `passthrough` never imports the model).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from tasks.errors import ConfigError
+from tasks.frames import ModelGeometry
+from tasks.plan import ChunkPlan, ShotPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    """What a backend gets for one chunk (frames are uint8 RGB in the source's coded size)."""
+
+    chunk: ChunkPlan
+    frames: np.ndarray  # (T, H, W, 3) source frames src_start..src_end of the shot (T may be 0)
+    reference: np.ndarray  # (H, W, 3) the chunk's reference frame (sliding, or the shot's first frame)
+    audio: np.ndarray  # (S, C) float32 dialogue for the chunk's model window, zero-padded past the shot
+    sample_rate: int
+
+
+@runtime_checkable
+class ShotSession(Protocol):
+    """One shot being dubbed, chunk by chunk."""
+
+    def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
+        """Return (T, H, W, 3) uint8 frames for the chunk's source range (same T, H, W as inp.frames)."""
+        ...
+
+    def state(self) -> Any | None:
+        """Picklable state after the last chunk (None: nothing to checkpoint)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A dubbing backend."""
+
+    name: str
+    applies_color: bool  # True if the backend colour-corrects its own output (the renderer then does not)
+
+    def open_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        *,
+        resume_state: Any | None = None,
+    ) -> ShotSession: ...
+
+
+class _PassthroughSession:
+    def __init__(self, geometry: ModelGeometry, via_model: bool):
+        self._geometry = geometry
+        self._via_model = via_model
+
+    def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
+        if not self._via_model:
+            return inp.frames
+        out = [self._geometry.from_model(self._geometry.to_model(f), f) for f in inp.frames]
+        return np.stack(out) if out else inp.frames
+
+    def state(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class PassthroughBackend:
+    """Dry run: returns the source frames through the same chunk/reference/assemble path.
+
+    Nothing is dubbed. Options:
+    * `color` (default false): also run the renderer's colour correction on the copied frames.
+      Colour matching exists to pull *generated* frames back to the reference; applied to
+      untouched source frames it only shifts them (a zoom changes a frame's Lab statistics), so
+      the default dry run is an identity up to the final encode.
+    * `via_model` (default false): round-trip every frame through the model geometry (rotation,
+      square pixels, bucket crop) and back, to exercise that path.
+    """
+
+    name = "passthrough"
+
+    def __init__(self, options: dict[str, Any]):
+        unknown = set(options) - {"via_model", "color"}
+        if unknown:
+            raise ConfigError("backend.options", f"unknown passthrough option {sorted(unknown)[0]}")
+        self.via_model = bool(options.get("via_model", False))
+        # "applies_color" True means the renderer leaves colour alone
+        self.applies_color = not bool(options.get("color", False))
+
+    def open_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        *,
+        resume_state: Any | None = None,
+    ) -> ShotSession:
+        log.warning(
+            "DRY RUN (passthrough backend): shot %04d is copied from the source, NOT dubbed", plan.shot_index
+        )
+        return _PassthroughSession(geometry, self.via_model)
+
+
+BACKENDS: dict[str, str] = {
+    "passthrough": "tasks.backend:PassthroughBackend",
+    "infinitetalk": "model.backend:InfiniteTalkBackend",
+}
+
+
+def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
+    """Instantiate the backend registered under `name` with its options dict."""
+    if name not in BACKENDS:
+        raise ConfigError("backend.name", f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
+    module_name, attr = BACKENDS[name].split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as ex:
+        raise ConfigError(
+            "backend.name", f"backend {name!r} is not available ({BACKENDS[name]}: {ex})"
+        ) from ex
+    return factory(dict(options or {}))

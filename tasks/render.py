@@ -1,0 +1,205 @@
+"""The per-shot unit: decode a shot, run the backend chunk by chunk, colour-correct, write it losslessly.
+
+`render_shot(job)` takes a `ShotJob` (small serialisable records: paths and dicts, no tensors) so
+an orchestrator can ship it to any worker. Per chunk it writes a lossless FFV1 segment plus the
+backend's state; a restarted shot skips the chunks already written. At the end the segments are
+joined (stream copy) into the shot's intermediate, atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks import ffmpeg
+from tasks.audio import DialogueTrack, read_samples
+from tasks.backend import ChunkInput, get_backend
+from tasks.color import match_and_blend
+from tasks.config import PipelineConfig
+from tasks.errors import DecodeError, MediaError
+from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, read_frames
+from tasks.plan import ShotPlan
+from tasks.probe import VideoInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShotJob:
+    """Everything one shot's render needs."""
+
+    video: dict[str, Any]  # VideoInfo.to_dict()
+    plan: dict[str, Any]  # ShotPlan.to_dict()
+    dialogue: dict[str, Any]  # DialogueTrack.to_dict()
+    audio_range: tuple[int, int]  # the shot's samples in the dialogue track
+    out_path: str  # the shot's lossless intermediate (.mkv)
+    config: dict[str, Any]  # PipelineConfig.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShotJob:
+        d = dict(d)
+        d["audio_range"] = tuple(d["audio_range"])
+        return cls(**d)
+
+
+def color_correct(frames: np.ndarray, reference: np.ndarray, strength: float) -> np.ndarray:
+    """uint8 (T, H, W, 3) frames matched to a uint8 (H, W, 3) reference with `match_and_blend`."""
+    if strength == 0.0 or frames.shape[0] == 0:
+        return frames
+    video = torch.from_numpy(np.array(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0  # (3,T,H,W)
+    ref = torch.from_numpy(np.array(reference)).permute(2, 0, 1).float() / 127.5 - 1.0  # (3,H,W)
+    out = match_and_blend(video, ref, strength)
+    return ((out + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).numpy()
+
+
+def chunk_audio(shot_audio: np.ndarray, sample_rate: int, plan: ShotPlan, chunk_index: int) -> np.ndarray:
+    """The shot audio under the chunk's model window [model_start, model_end) / model_fps, zero-padded."""
+    c = plan.chunks[chunk_index]
+    a = (c.model_start * sample_rate * 2 + plan.model_fps) // (2 * plan.model_fps)
+    b = (c.model_end * sample_rate * 2 + plan.model_fps) // (2 * plan.model_fps)
+    out = np.zeros((b - a, shot_audio.shape[1]), np.float32)
+    have = shot_audio[a:b]
+    out[: have.shape[0]] = have
+    return out
+
+
+def _concat_copy(segments: list[Path], out: Path, workdir: Path) -> None:
+    """Join FFV1 segments by stream copy into `out` (atomic)."""
+    if len(segments) == 1:
+        tmp = atomic_temp(out)
+        shutil.copyfile(segments[0], tmp)
+        os.replace(tmp, out)
+        return
+    listing = workdir / "concat.txt"
+    listing.write_text("ffconcat version 1.0\n" + "".join(f"file {_quote(p)}\n" for p in segments))
+    tmp = atomic_temp(out)
+    try:
+        ffmpeg.run(
+            [
+                "-v",
+                "error",
+                "-y",
+                "-f",
+                "concat",
+                "-safe",
+                "0",
+                "-i",
+                str(listing),
+                "-c",
+                "copy",
+                "-f",
+                "matroska",
+                str(tmp),
+            ],
+            path=out,
+            what="joining chunk segments",
+        )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _quote(p: Path) -> str:
+    return "'" + str(p.resolve()).replace("'", "'\\''") + "'"
+
+
+def render_shot(
+    job: ShotJob | dict[str, Any],
+    *,
+    on_progress: Callable[[float], None] | None = None,
+    backend: Any | None = None,
+) -> str:
+    """Render one shot to its lossless intermediate; return its path.
+
+    `on_progress(fraction)` is called after every chunk (0 < fraction <= 1). `backend` overrides
+    the configured one (an already-built Backend instance, e.g. with a loaded model).
+    """
+    job = ShotJob.from_dict(job) if isinstance(job, dict) else job
+    cfg = PipelineConfig.from_dict(job.config)
+    info = VideoInfo.from_dict(job.video)
+    plan = ShotPlan.from_dict(job.plan)
+    track = DialogueTrack.from_dict(job.dialogue)
+    out = Path(job.out_path)
+    backend = backend or get_backend(cfg.backend.name, cfg.backend.options)
+    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
+    a0, a1 = job.audio_range
+    shot_audio = read_samples(track, a0, a1)  # (S, C) float32
+
+    seg_dir = out.with_name(out.stem + ".chunks")
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    segments = [seg_dir / f"chunk_{c.index:04d}.mkv" for c in plan.chunks]
+    states = [seg_dir / f"state_{c.index:04d}.pkl" for c in plan.chunks]
+
+    # resume after the last chunk marked done (segment + state written before the marker)
+    done = [seg_dir / f"chunk_{c.index:04d}.done" for c in plan.chunks]
+    first = 0
+    while first < len(plan.chunks) and done[first].exists():
+        first += 1
+    resume_state = None
+    if first > 0 and states[first - 1].exists():
+        resume_state = pickle.loads(states[first - 1].read_bytes())
+
+    s0 = plan.start_frame
+    todo = plan.chunks[first:]
+    if todo:
+        shot_first = cfg.color.reference == "shot_first"
+        start = min(min(c.ref_frame, c.src_start) for c in todo)
+        lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
+        cursor = FrameCursor(info, s0 + start, plan.end_frame, lookback=lookback)
+        first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
+        session = backend.open_shot(plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state)
+        try:
+            for c in todo:
+                frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
+                ref = cursor.get(s0 + c.ref_frame)
+                if shot_first:
+                    first_frame = cursor.get(s0) if first_frame is None else first_frame
+                color_ref = first_frame if shot_first else ref
+                window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
+                inp = ChunkInput(c, frames, ref, window, track.sample_rate)
+                result = session.dub_chunk(inp)
+                n_out = c.src_end - c.src_start
+                if result.shape != (n_out, info.height, info.width, 3) or result.dtype != np.uint8:
+                    raise MediaError(
+                        info.path,
+                        f"backend {backend.name} returned {result.shape} {result.dtype} for chunk {c.index} of shot "
+                        f"{plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
+                    )
+                if not backend.applies_color:
+                    result = color_correct(result, color_ref, cfg.color.strength)
+                if n_out:
+                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
+                        w.write(result)
+                st = session.state()
+                if st is not None:
+                    tmp = atomic_temp(states[c.index])
+                    tmp.write_bytes(pickle.dumps(st))
+                    os.replace(tmp, states[c.index])
+                done[c.index].touch()
+                if on_progress:
+                    on_progress((c.index + 1) / len(plan.chunks))
+        finally:
+            session.close()
+            cursor.close()
+    elif on_progress:
+        on_progress(1.0)
+
+    written = [s for c, s in zip(plan.chunks, segments, strict=True) if c.src_end > c.src_start]
+    if not written:
+        raise DecodeError(info.path, f"shot {plan.shot_index} produced no frames")
+    _concat_copy(written, out, seg_dir)
+    shutil.rmtree(seg_dir, ignore_errors=True)
+    log.info("shot %04d: %d frames -> %s", plan.shot_index, plan.num_frames, out)
+    return str(out)
