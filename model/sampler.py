@@ -630,10 +630,7 @@ def denoise_chunk(
     def motion_noise() -> None:
         if draw_motion_noise:
             torch.randn(
-                motion_latent.shape,
-                generator=generator,
-                dtype=motion_latent.dtype,
-                device=motion_latent.device,
+                motion_latent.shape, generator=generator, dtype=torch.float32, device=generator.device
             )
 
     motion_noise()
@@ -687,8 +684,11 @@ def stream_generate(
     reference frame (the official loop reads frame ``start`` of the conditioning video).
     color_fn(video (1,3,T,H,W), reference (1,3,1,H,W), strength) -> video, e.g.
     ``tasks.color.match_and_blend``; skipped when None or the strength is 0.
-    generator: noise source for a fresh run (default: seeded with ``settings.seed`` on the
-    context's device); on resume the generator state stored in `state` wins.
+    generator: noise source (default: seeded with ``settings.seed`` on the context's device, as
+    the official loop's global generator). Noise is drawn on the generator's device and moved, so a
+    CPU generator gives the same noise on any device. On resume the state's RNG state is loaded
+    into `generator` (pass one on the original run's generator device) or a new one on the
+    context's device.
     teacache: optional step cache (`model.teacache.TeaCache`) handed to every model call with its
     branch name and reset at the start of each chunk (the official counters restart every chunk
     too); build it for ``sampling_steps - settings.start_step`` steps.
@@ -708,7 +708,7 @@ def stream_generate(
             raise ValueError(f"stream_generate: state was planned for {state.plan_key}, settings give {key}")
         if state.rng_state is None:
             raise ValueError("stream_generate: resumed state has no rng_state")
-        generator = torch.Generator(device=device)
+        generator = generator if generator is not None else torch.Generator(device=device)
         generator.set_state(state.rng_state)
 
     context = _batched(cond.context, 3)  # (1, Lt, Dt)
@@ -742,8 +742,8 @@ def stream_generate(
             (1, LATENT_CHANNELS, spec.latent_frames, h, w),
             generator=generator,
             dtype=torch.float32,
-            device=device,
-        )
+            device=generator.device,
+        ).to(device)
         # 2. image conditions
         clip_fea = cond.clip_fn(reference)  # (1, 257, 1280)
         y = build_y(vae, reference, spec.length)  # (1, 20, F, h, w)
@@ -783,9 +783,10 @@ def stream_generate(
         )
         # 5. decode, colour-correct, keep
         video = vae.decode(x0).float()  # (1, 3, L, H, W)
+        first_reference = state.color_reference
         if spec.index == 0 and settings.color_reference == "first":
-            state.color_reference = reference.detach().clone()
-        color_ref = state.color_reference if settings.color_reference == "first" else reference
+            first_reference = reference.detach().clone()
+        color_ref = first_reference if settings.color_reference == "first" else reference
         if color_fn is not None and settings.color_correction_strength > 0:
             if color_ref is None:
                 raise ValueError(
@@ -799,7 +800,7 @@ def stream_generate(
             next_chunk=spec.index + 1,
             frames_emitted=state.frames_emitted + spec.n_kept,
             motion_frames=None if last else video[:, :, -settings.motion_frames :].detach().clone(),
-            color_reference=state.color_reference,
+            color_reference=first_reference,
             rng_state=generator.get_state(),
             plan_key=key,
         )

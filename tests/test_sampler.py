@@ -331,3 +331,38 @@ def test_denoise_strength_starts_at_its_timestep(parts) -> None:
         noise = torch.randn(1, 16, 2, 2, 2, generator=torch.Generator().manual_seed(s.seed))
         expected = add_noise(vae.encode(source[None]), noise, ts[2:3])
     torch.testing.assert_close(rec.calls[0]["x"][:, :, 1:], expected[:, :, 1:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) -> None:
+    from model.checkpoint import load_dit
+    from model.vae import load_vae
+    from tasks.color import match_and_blend
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    full, _, s, _ = full_run
+    weights = PARITY / "dit" / "weights"
+    model = load_dit(weights, weights / "infinitetalk.safetensors", dtype=torch.float32, device="cuda").eval()
+    vae = load_vae(PARITY / "vae" / "weights" / "tiny_wan_vae.pth", device="cuda")
+    cpu = make_cond(N_FULL)
+    clip = cpu.clip_fn(None).cuda()
+    cond = Conditioning(
+        context=cpu.context.cuda(),
+        context_null=cpu.context_null.cuda(),
+        audio=[a.cuda() for a in cpu.audio],
+        ref_target_masks=cpu.ref_target_masks.cuda(),
+        clip_fn=lambda ref: clip,
+    )
+    out = stream_generate(
+        model,
+        vae,
+        cond=cond,
+        settings=s,
+        reference_frame_fn=reference_frame,
+        color_fn=match_and_blend,
+        generator=torch.Generator().manual_seed(s.seed),
+    )
+    err = (out.video - full.video).abs().max() / full.video.abs().max()
+    assert out.video.device.type == "cpu" and err < 1e-3, f"CUDA vs CPU relative error {err:.2e}"
