@@ -58,14 +58,15 @@ def hf_config(cfg: ClipVisionConfig) -> CLIPVisionConfig:
     )
 
 
-def clip_config_from_state(state: dict[str, torch.Tensor]) -> ClipVisionConfig:
-    """Sizes from the official tensors; the head count is not stored, so it comes from the preset of that width."""
+def clip_config_from_state(state: dict[str, torch.Tensor], heads: int | None = None) -> ClipVisionConfig:
+    """Sizes from the official tensors. The head count is not stored: pass it, or it is taken from
+    the preset of that width."""
     dim = state["visual.pre_norm.weight"].shape[0]
     layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("visual.transformer."))
     patch = state["visual.patch_embedding.weight"].shape[-1]
     tokens = state["visual.pos_embedding"].shape[1]
     mlp = state["visual.transformer.0.mlp.0.weight"].shape[0]
-    heads = next((c.heads for c in CLIP_CONFIGS.values() if c.dim == dim), None)
+    heads = heads or next((c.heads for c in CLIP_CONFIGS.values() if c.dim == dim), None)
     if heads is None:
         raise ValueError(f"no CLIP preset with width {dim}, so the head count is unknown")
     grid = round((tokens - 1) ** 0.5)

@@ -129,7 +129,9 @@ class PromptCache:
 class T5TextEncoder:
     """Tokenizer + umT5 encoder; `encode(prompts)` -> one (tokens, dim) float tensor per prompt."""
 
-    def __init__(self, model: UMT5EncoderModel, tokenizer: PreTrainedTokenizerBase, text_len: int = TEXT_LEN):
+    def __init__(
+        self, model: UMT5EncoderModel, tokenizer: PreTrainedTokenizerBase | None, text_len: int = TEXT_LEN
+    ):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.text_len = text_len
@@ -146,6 +148,8 @@ class T5TextEncoder:
 
     def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Cleaned prompts -> (ids, mask), padded to the longest (pad length does not change results)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this umT5 encoder was built without a tokenizer; use encode_ids")
         batch = self.tokenizer(
             [clean_prompt(p) for p in prompts],
             padding="longest",
@@ -188,13 +192,9 @@ def load_tokenizer(tokenizer_dir: Path | str) -> PreTrainedTokenizerBase:
         raise CheckpointError(f"{tokenizer_dir}: cannot load the umT5 tokenizer ({e})") from e
 
 
-def load_t5(
-    pth: Path | str,
-    tokenizer_dir: Path | str,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | str = "cpu",
-) -> T5TextEncoder:
+def load_umt5(
+    pth: Path | str, *, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
+) -> UMT5EncoderModel:
     """Load `models_t5_umt5-xxl-enc-bf16.pth` strictly into a meta-built `UMT5EncoderModel`."""
     from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
 
@@ -208,5 +208,17 @@ def load_t5(
     with torch.device("meta"):
         model = build_umt5(cfg)
     strict_assign(model, state, source=pth, dtype=dtype, device=device)
+    model.encoder.embed_tokens = model.shared  # one embedding module, as transformers ties them
     log.info("loaded umT5 encoder %s (%d layers, %s, %s)", pth, cfg.num_layers, dtype, device)
-    return T5TextEncoder(model, load_tokenizer(tokenizer_dir))
+    return model.eval().requires_grad_(False)
+
+
+def load_t5(
+    pth: Path | str,
+    tokenizer_dir: Path | str,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+) -> T5TextEncoder:
+    """umT5 encoder (`load_umt5`) plus the tokenizer from the Wan folder's `google/umt5-xxl`."""
+    return T5TextEncoder(load_umt5(pth, dtype=dtype, device=device), load_tokenizer(tokenizer_dir))

@@ -133,6 +133,30 @@ class AudioEncoder:
             h = layer(h)
         return h[0].transpose(0, 1)  # (frames, C)
 
+    def track_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Whole-track statistics the conv stack needs (the first layer's GroupNorm), or None."""
+        return self._first_conv_stats(x, chunk=1 << 16)
+
+    def frame_features(
+        self, x: torch.Tensor, n: int, start: int, stop: int, stats: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """Conv features linearly interpolated to video frames [start, stop) of an n-frame track -> (stop-start, C).
+
+        Frame j sits at conv position j * (n_conv - 1) / (n - 1) (F.interpolate linear, align_corners=True).
+        """
+        if x.numel() < self.receptive_field:
+            raise ValueError(f"audio of {x.numel()} samples is shorter than one wav2vec2 frame")
+        n_conv = (x.numel() - self.receptive_field) // self.stride + 1
+        scale = (n_conv - 1) / (n - 1) if n > 1 else 0.0
+        pos = torch.arange(start, stop, dtype=torch.float64) * scale
+        lo = pos.floor().long().clamp_max(n_conv - 1)
+        hi = (lo + 1).clamp_max(n_conv - 1)
+        first = int(lo[0])
+        feats = self.conv_features(x, first, int(hi[-1]) + 1, stats)  # (conv frames, C)
+        frac = (pos - lo).to(self.device, feats.dtype)[:, None]
+        lo, hi = (lo - first).to(self.device), (hi - first).to(self.device)
+        return feats[lo] * (1 - frac) + feats[hi] * frac  # (stop - start, C)
+
     # -- stage 2: conv features -> per-frame transformer hidden states --
 
     def _encode(self, feats: torch.Tensor) -> torch.Tensor:
@@ -169,24 +193,14 @@ class AudioEncoder:
             return out
         if x.numel() < self.receptive_field:
             raise ValueError(f"audio of {x.numel()} samples is shorter than one wav2vec2 frame")
-        n_conv = (x.numel() - self.receptive_field) // self.stride + 1
-        stats = self._first_conv_stats(x, chunk=1 << 16)
-        # video frame j sits at conv position j * (n_conv - 1) / (n - 1) (linear, align_corners=True)
-        scale = (n_conv - 1) / (n - 1) if n > 1 else 0.0
+        stats = self.track_stats(x)
         win = max(1, round(windowing.window_s * fps))
         margin = max(0, round(windowing.margin_s * fps))
         for a in range(0, n, win):
             b = min(n, a + win)
-            ca, cb = max(0, a - margin), min(n, b + margin)
-            pos = torch.arange(ca, cb, dtype=torch.float64) * scale
-            lo = pos.floor().long().clamp_max(n_conv - 1)
-            hi = (lo + 1).clamp_max(n_conv - 1)
-            first = int(lo[0])
-            feats = self.conv_features(x, first, int(hi[-1]) + 1, stats)  # (conv frames, C)
-            frac = (pos - lo).to(self.device, feats.dtype)[:, None]
-            lo, hi = (lo - first).to(self.device), (hi - first).to(self.device)
-            at_frames = feats[lo] * (1 - frac) + feats[hi] * frac  # (cb - ca, C)
-            out[a:b] = self._encode(at_frames)[a - ca : b - ca].to("cpu", out_dtype)
+            ca, cb = max(0, a - margin), min(n, b + margin)  # window plus context margins
+            feats = self.frame_features(x, n, ca, cb, stats)  # (cb - ca, C)
+            out[a:b] = self._encode(feats)[a - ca : b - ca].to("cpu", out_dtype)
         return out
 
 
