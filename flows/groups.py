@@ -197,14 +197,13 @@ def _balanced(costs: list[float], k: int) -> list[tuple[int, int]]:
         else:
             lo = mid
     bounds = _fill_up_to(costs, hi)
-    while len(bounds) < k:  # split the heaviest splittable group; halves never exceed the cap
+    while len(bounds) < k:  # split the heaviest splittable group in two; halves never exceed the cap
         a, b = max(
             (ab for ab in bounds if ab[1] - ab[0] > 1),
             key=lambda ab: (math.fsum(costs[ab[0] : ab[1]]), -ab[0]),
         )
-        cut = _best_cut(costs, a, b)
         i = bounds.index((a, b))
-        bounds[i : i + 1] = [(a, cut), (cut, b)]
+        bounds[i : i + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
     return bounds
 
 
@@ -219,15 +218,3 @@ def _fill_up_to(costs: list[float], cap: float) -> list[tuple[int, int]]:
         acc += cost
     bounds.append((start, len(costs)))
     return bounds
-
-
-def _best_cut(costs: list[float], a: int, b: int) -> int:
-    """Cut point in (a, b) making the heavier half as light as possible."""
-    total = math.fsum(costs[a:b])
-    best, best_cut, acc = math.inf, a + 1, 0.0
-    for cut in range(a + 1, b):
-        acc += costs[cut - 1]
-        heavier = max(acc, total - acc)
-        if heavier < best:
-            best, best_cut = heavier, cut
-    return best_cut

@@ -1,0 +1,231 @@
+"""Run workspace: keys, layout, shot markers and atomic writes, on real files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from importlib import metadata
+from pathlib import Path
+
+import imageio_ffmpeg
+import pytest
+
+from flows.workspace import (
+    MIB,
+    Workspace,
+    WorkspaceError,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    code_version,
+    config_hash,
+    film_fingerprint,
+    mark_shot_done,
+    mark_shot_failed,
+    open_workspace,
+    read_shot_done,
+    read_shot_failure,
+    shot_done,
+)
+
+CONFIG = {
+    "shots": {"threshold": 27.0, "min_shot_frames": 1},
+    "backend": "passthrough",
+    "fps": Fraction(24000, 1001),
+}
+
+
+@pytest.fixture
+def film(tmp_path: Path) -> Path:
+    path = tmp_path / "My Film (2024).mp4"
+    path.write_bytes(os.urandom(3 * MIB))
+    return path
+
+
+def _rewrite(path: Path, offset: int, keep_mtime: bool = True) -> None:
+    """Flip one byte at ``offset`` in place (same size), optionally restoring the mtime."""
+    st = path.stat()
+    with path.open("r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_fingerprint_sees_head_tail_size_and_mtime_but_not_the_middle(film: Path):
+    base = film_fingerprint(film)
+    assert film_fingerprint(film) == base
+    _rewrite(film, 3 * MIB // 2)  # middle byte, same size and mtime: documented blind spot
+    assert film_fingerprint(film) == base
+    _rewrite(film, 3 * MIB - 1)  # last byte
+    tail = film_fingerprint(film)
+    assert tail != base
+    _rewrite(film, 0)  # first byte
+    head = film_fingerprint(film)
+    assert head not in (base, tail)
+    st = film.stat()
+    os.utime(film, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched
+    assert film_fingerprint(film) != head
+    with film.open("ab") as fh:  # grown
+        fh.write(b"x")
+    assert len({film_fingerprint(film), head, tail, base}) == 4
+
+
+def test_fingerprint_of_missing_film_names_it(tmp_path: Path):
+    with pytest.raises(WorkspaceError, match=r"nope\.mp4: cannot fingerprint film"):
+        film_fingerprint(tmp_path / "nope.mp4")
+
+
+def test_config_hash_is_canonical_and_honours_exclude():
+    @dataclasses.dataclass(frozen=True)
+    class Shots:
+        threshold: float
+        min_shot_frames: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        shots: Shots
+        backend: str
+        fps: Fraction
+
+    as_dataclass = Config(Shots(27.0, 1), "passthrough", Fraction(24000, 1001))
+    reordered = {
+        "fps": Fraction(24000, 1001),
+        "backend": "passthrough",
+        "shots": {"min_shot_frames": 1, "threshold": 27.0},
+    }
+    assert config_hash(CONFIG) == config_hash(reordered) == config_hash(as_dataclass)
+    assert config_hash(CONFIG) != config_hash({**CONFIG, "backend": "infinitetalk"})
+    assert config_hash(CONFIG) != config_hash({**CONFIG, "fps": Fraction(25)})
+    assert config_hash({**CONFIG, "out": "/a.mp4"}, exclude=["out"]) == config_hash(CONFIG)
+    with pytest.raises(TypeError, match="cannot hash a object"):
+        config_hash({"x": object()})
+    with pytest.raises(TypeError, match="expected a mapping or dataclass"):
+        config_hash([1, 2])
+
+
+def test_code_version_is_package_version_plus_git_describe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("DUBFLOW_CODE_VERSION", raising=False)
+    version = metadata.version("dubflow")
+    repo = Path(__file__).resolve().parent.parent
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--tags"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    if described:
+        assert code_version(repo) == f"{version}+{described}"
+    assert code_version(tmp_path) == version  # not a git checkout
+    monkeypatch.setenv("DUBFLOW_CODE_VERSION", "release-7")
+    assert code_version(repo) == "release-7"
+
+
+def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
+    root = tmp_path / "ws"
+    ws = open_workspace(root, film, CONFIG, version="1.0+abc")
+    assert ws.key.startswith("my-film-2024-") and len(ws.key) == len("my-film-2024-") + 16
+    assert ws.path == root.resolve() / ws.key
+    manifest = json.loads((ws.path / "workspace.json").read_text())
+    assert manifest["film"] == str(film.resolve())
+    assert manifest["code_version"] == "1.0+abc"
+    assert manifest["fingerprint"] == film_fingerprint(film)
+    assert manifest["incarnation"] == ws.incarnation
+    assert ws.shot_dir(42) == ws.path / "shots" / "0042"
+    assert ws.chunk_dir(42) == ws.path / "shots" / "0042" / "chunks"
+    assert ws.done_path(42) == ws.path / "shots" / "0042" / "done.json"
+
+    assert open_workspace(root, film, CONFIG, version="1.0+abc") == ws  # reopen: same incarnation too
+    assert open_workspace(root, film, {**CONFIG, "out": "x"}, exclude=["out"], version="1.0+abc") == ws
+    others = {
+        open_workspace(root, film, {**CONFIG, "backend": "other"}, version="1.0+abc").key,
+        open_workspace(root, film, CONFIG, version="1.1").key,
+    }
+    _rewrite(film, 0)
+    others.add(open_workspace(root, film, CONFIG, version="1.0+abc").key)
+    assert len(others) == 3 and ws.key not in others
+    assert Workspace.from_dict(json.loads(json.dumps(ws.as_dict()))) == ws
+    with pytest.raises(ValueError, match="missing key 'incarnation'"):
+        Workspace.from_dict({"root": "/r", "key": "k"})
+
+
+def test_concurrent_opens_agree_and_a_wiped_workspace_gets_new_cache_keys(tmp_path: Path, film: Path):
+    root = tmp_path / "ws"
+    with ThreadPoolExecutor(8) as pool:
+        opened = list(pool.map(lambda _: open_workspace(root, film, CONFIG, version="v"), range(16)))
+    assert len(set(opened)) == 1
+    ws = opened[0]
+    key = ws.shot_cache_key(7, "planhash")
+    assert key == open_workspace(root, film, CONFIG, version="v").shot_cache_key(7, "planhash")
+    for path in sorted(ws.path.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    again = open_workspace(root, film, CONFIG, version="v")
+    assert again.key == ws.key and again.incarnation != ws.incarnation
+    assert again.shot_cache_key(7, "planhash") != key
+
+
+def test_shot_markers(tmp_path: Path, film: Path):
+    ws = open_workspace(tmp_path, film, CONFIG, version="v")
+    assert not shot_done(ws, 3) and read_shot_done(ws, 3) is None and read_shot_failure(ws, 3) is None
+    mark_shot_failed(ws, 3, "CUDA out of memory")
+    assert read_shot_failure(ws, 3) == "CUDA out of memory"
+    assert not shot_done(ws, 3)
+    mark_shot_done(ws, 3, {"plan_hash": "p1", "output": "shot.mkv"})
+    assert shot_done(ws, 3) and shot_done(ws, 3, "p1") and not shot_done(ws, 3, "p2")
+    assert read_shot_done(ws, 3)["output"] == "shot.mkv"
+    assert read_shot_failure(ws, 3) is None and not ws.failed_path(3).exists()
+    assert not shot_done(ws, 4)
+    assert sorted(p.name for p in ws.shot_dir(3).iterdir()) == ["done.json"]  # no temp files left
+
+
+def test_atomic_path_replaces_on_success_and_keeps_old_file_on_error(tmp_path: Path):
+    final = tmp_path / "sub" / "shot.mkv"
+    with atomic_path(final) as tmp:
+        assert tmp.parent == final.parent and tmp.suffix == ".mkv" and tmp != final
+        tmp.write_bytes(b"v1")
+        assert not final.exists()
+    assert final.read_bytes() == b"v1"
+    with pytest.raises(RuntimeError, match="encoder died"), atomic_path(final) as tmp:
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("encoder died")
+    assert final.read_bytes() == b"v1"
+    assert sorted(p.name for p in final.parent.iterdir()) == ["shot.mkv"]
+
+
+def test_atomic_path_keeps_the_suffix_ffmpeg_needs(tmp_path: Path):
+    final = tmp_path / "shot.mkv"
+    with atomic_path(final) as tmp:
+        subprocess.run(
+            [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-f", "lavfi", "-i", "color=c=red:s=16x16:d=0.2"]
+            + ["-c:v", "ffv1", str(tmp)],
+            check=True,
+        )
+    assert final.read_bytes()[:4] == b"\x1a\x45\xdf\xa3"  # Matroska/EBML magic
+
+
+def test_atomic_json_readers_never_see_a_torn_file(tmp_path: Path):
+    path = tmp_path / "done.json"
+    atomic_write_json(path, {"n": 0, "pad": "x" * 50_000})
+    stop, errors = threading.Event(), []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                assert len(json.loads(path.read_text())["pad"]) == 50_000
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for n in range(1, 200):
+        atomic_write_json(path, {"n": n, "pad": "x" * 50_000})
+    stop.set()
+    thread.join()
+    assert errors == []
+    assert json.loads(path.read_text())["n"] == 199
+    atomic_write_bytes(path, b"raw")
+    assert path.read_bytes() == b"raw"
