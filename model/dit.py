@@ -427,8 +427,8 @@ class InfiniteTalkDiT(nn.Module):
         """cos/sin (speakers*T, Dh/2): audio tokens of speaker s sit at the centre of its RoPE range."""
         c = self.config
         centres = [c.speaker_class_interval / 2, c.speaker_class_range - c.speaker_class_interval / 2]
-        positions = torch.tensor(centres[:speakers], dtype=torch.float32).repeat_interleave(n_tokens)
-        return rope_1d_tables(positions.to(device), c.head_dim, c.rope_theta)
+        positions = torch.cat([torch.full((n_tokens,), p, device=device) for p in centres[:speakers]])
+        return rope_1d_tables(positions, c.head_dim, c.rope_theta)
 
     def _audio_groups(
         self,
@@ -473,7 +473,9 @@ class InfiniteTalkDiT(nn.Module):
         groups = []
         for n in sorted(set(counts)):
             members = [i for i, m in enumerate(counts) if m == n]
-            index = None if len(members) == batch else torch.tensor(members, device=tokens.device)
+            index = (
+                None if len(members) == batch else torch.tensor(members).to(tokens.device, non_blocking=True)
+            )
             sel = tokens if index is None else tokens.index_select(0, index)
             # speakers side by side along the token axis, speaker order kept: (b, F_lat, n*T, C)
             group_tokens = sel[:, :n].permute(0, 2, 1, 3, 4).flatten(2, 3).to(dtype)
