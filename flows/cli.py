@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    for noisy in ("httpx", "httpcore"):  # Prefect's API client logs every request at INFO
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from tasks.errors import DubflowError
 
     handlers = {"dub": cmd_dub, "shots": cmd_shots, "plan": cmd_plan, "weights": cmd_weights}

@@ -27,8 +27,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.assemble import AudioSource, assemble, check_output_path
 from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, slice_bounds
+from tasks.backend import BACKENDS
 from tasks.config import PipelineConfig, load_config
-from tasks.errors import DubflowError
+from tasks.errors import ConfigError, DubflowError
 from tasks.plan import ShotPlan, plan_film
 from tasks.probe import VideoInfo, probe
 from tasks.render import ShotJob, render_shot
@@ -235,6 +236,10 @@ def run_pipeline(
     cfg = PipelineConfig.from_dict(config)
     cfgd = cfg.to_dict()
     check_output_path(out, source, audio, mix)
+    if cfg.backend.name not in BACKENDS:
+        raise ConfigError(
+            "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
+        )
     name = Path(source).name
     video = runner.call(probe_source, source, cfgd, name=name)
     work = work_dir(source, audio, cfg)
@@ -265,7 +270,7 @@ def run_pipeline(
     failed = [(c["index"], e) for c, (_, e) in zip(calls, results, strict=True) if e is not None]
     if failed:
         first = failed[0][1]
-        detail = first.problem if isinstance(first, DubflowError) else str(first)
+        detail = first.problem if isinstance(first, DubflowError) else f"{type(first).__name__}: {first}"
         where = first.path if isinstance(first, DubflowError) else source
         raise ShotsFailed(
             where, f"{len(failed)} shot(s) failed {[i for i, _ in failed]}; first: {detail}"

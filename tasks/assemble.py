@@ -128,6 +128,9 @@ def assemble(
     The output is verified (frame count, frame rate) before it is moved into place.
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
+    for p in shot_paths:
+        if not Path(p).is_file():
+            raise DecodeError(p, "shot intermediate is missing")
     muxer = _MUXERS[o.suffix.lower()]
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,11 @@ def assemble(
     listing.write_text(_ffconcat(shot_paths))
     tmp = atomic_temp(o)
     try:
-        ffmpeg.run(build_encode_args(info, listing, audio, cfg, tmp, muxer), path=o, what="final encode")
+        _, err = ffmpeg.run(
+            build_encode_args(info, listing, audio, cfg, tmp, muxer), path=o, what="final encode"
+        )
+        if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
+            raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")
         got = probe(tmp)
         if got.frame_count != info.frame_count:
             raise DecodeError(o, f"encoded {got.frame_count} frames, expected {info.frame_count}")

@@ -222,7 +222,7 @@ def apply_override(data: dict[str, Any], parts: list[str], value: Any, *, free_f
             if path.rsplit(".", 1)[0] in free_form or any(path.startswith(f + ".") for f in free_form):
                 node[part] = {}
             else:
-                raise ConfigError("--set", f"unknown key {path}")
+                raise ConfigError("--set", f"unknown key {'.'.join(parts)}")
         if not isinstance(node[part], dict):
             raise ConfigError("--set", f"{path} is not a section")
         node = node[part]

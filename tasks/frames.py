@@ -153,12 +153,34 @@ class ModelGeometry:
         """uint8 coded (H, W, 3) -> uint8 model (th, tw, 3)."""
         return resize_and_centercrop(self.to_display(coded), self.crop.target_hw)
 
+    def coded_window(self) -> tuple[int, int, int, int]:
+        """The model's crop window in coded source pixels: (y0, y1, x0, x1)."""
+        y0, y1, x0, x1 = self.crop.source_window()  # display (rotated, square-pixel) coordinates
+        mask = np.zeros(self.display_hw, bool)
+        mask[y0:y1, x0:x1] = True
+        pre = np.rot90(mask, -(self.rotation // 90))  # before rotation, still square pixels
+        rows, cols = np.flatnonzero(pre.any(axis=1)), np.flatnonzero(pre.any(axis=0))
+        sx = self.coded_hw[1] / pre.shape[1]  # undo the SAR stretch
+        sy = self.coded_hw[0] / pre.shape[0]
+        return (
+            round(rows[0] * sy),
+            round((rows[-1] + 1) * sy),
+            round(cols[0] * sx),
+            round((cols[-1] + 1) * sx),
+        )
+
     def from_model(self, generated: np.ndarray, source_coded: np.ndarray) -> np.ndarray:
-        """Paste a generated model frame back into the source frame (outside the crop: source)."""
-        display = self.to_display(source_coded).copy()
+        """Paste a generated model frame back into the coded source frame.
+
+        Only the crop window changes; every pixel outside it stays bit-identical to the source.
+        """
         y0, y1, x0, x1 = self.crop.source_window()
-        display[y0:y1, x0:x1] = _resize(np.ascontiguousarray(generated), (y1 - y0, x1 - x0))
-        return self.to_coded(display)
+        patch = _resize(np.ascontiguousarray(generated), (y1 - y0, x1 - x0))  # display orientation
+        patch = np.ascontiguousarray(np.rot90(patch, -(self.rotation // 90)))
+        cy0, cy1, cx0, cx1 = self.coded_window()
+        out = source_coded.copy()
+        out[cy0:cy1, cx0:cx1] = _resize(patch, (cy1 - cy0, cx1 - cx0))
+        return out
 
 
 # ------------------------------------------------------------------------------------- decoding

@@ -1,0 +1,254 @@
+"""`dubflow` CLI and config: JSON commands, the dry run on awkward clips, one-line errors on bad inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from flows.cli import main
+from tasks.config import PipelineConfig, load_config
+from tasks.errors import ConfigError
+from tasks.probe import probe
+from tests.media import decode_all, encoders, make_audio, make_clip, psnr, sha256
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_config_layers_and_typed_overrides(tmp_path: Path):
+    base = load_config()
+    assert (
+        base.backend.name == "passthrough"
+        and base.frames.bucket == "480"
+        and base.audio.length_policy == "error"
+    )
+    user = tmp_path / "user.yaml"
+    user.write_text("color:\n  strength: 0.5\nencode:\n  crf: 23\n")
+    cfg = load_config(
+        user,
+        [
+            "frames.bucket=720",
+            "shots.threshold=30",
+            "encode.keep_source_audio=true",
+            "backend.options.steps=8",
+            "shots.threshold=null",
+        ],
+    )
+    assert (cfg.color.strength, cfg.encode.crf, cfg.frames.bucket) == (0.5, 23, "720")
+    assert cfg.shots.threshold is None and cfg.encode.keep_source_audio is True
+    assert cfg.backend.options == {"steps": 8}
+    assert PipelineConfig.from_dict(cfg.to_dict()) == cfg and cfg.digest() != base.digest()
+    assert load_config(updates={"plan": {"frame_num": 33}}).plan.frame_num == 33
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["color.hue=1"], "--set: unknown key color.hue"),
+        (["nope.x=1"], "--set: unknown key nope.x"),
+        (["encode.crf=high"], "--set: encode.crf: expected an integer, got 'high'"),
+        (
+            ["audio.length_policy=stretch"],
+            "audio.length_policy: 'stretch' is not one of error, pad, trim, fit",
+        ),
+        (["color"], "expected key.sub=value"),
+    ],
+)
+def test_config_errors_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as ei:
+        load_config(overrides=overrides)
+    assert message in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_config_file_errors_name_the_file(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("shots:\n  detektor: content\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown key shots.detektor"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+# ------------------------------------------------------------------------------------- JSON commands
+
+
+def test_shots_and_plan_print_json_without_prefect(tmp_path: Path):
+    clip = make_clip(tmp_path / "c.mp4", (12, 30, 9), fps="24000/1001")
+    dub = make_audio(tmp_path / "d.wav", float(51 / Fraction(24000, 1001)))
+    code = (
+        "import sys, io, contextlib, json\n"
+        "from flows.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    assert main(['shots', {str(clip)!r}]) == 0\n"
+        f"    assert main(['plan', {str(clip)!r}, '--audio', {str(dub)!r}]) == 0\n"
+        "print(json.dumps({'out': buf.getvalue(), 'prefect': 'prefect' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["prefect"] is False and res["torch"] is False
+    dec = json.JSONDecoder()
+    shots, end = dec.raw_decode(res["out"])
+    plan, _ = dec.raw_decode(res["out"][end:].lstrip())
+    assert [(s["start_frame"], s["end_frame"]) for s in shots] == [(0, 12), (12, 42), (42, 51)]
+    assert set(shots[0]) == {"index", "start_frame", "end_frame", "start_s", "end_s"}
+    assert shots[1]["start_s"] == shots[0]["end_s"] == round(12 * 1001 / 24000, 6)
+    assert [p["shot_index"] for p in plan] == [0, 1, 2] and plan[1]["fps"] == "24000/1001"
+    assert plan[1]["chunks"][0]["src_end"] == 30 and plan[-1]["audio_samples"][1] == sf.info(str(dub)).frames
+
+
+# ------------------------------------------------------------------------------ dry run on odd clips
+
+_CLIPS = {
+    "ntsc_multishot.mp4": {"lengths": (10, 7, 13), "fps": "30000/1001"},
+    "rotated.mp4": {"rotation": 90},
+    "anamorphic.mp4": {"sar": "4/3"},
+    "vfr.mkv": {"lengths": (14, 14), "vfr_split": (14, "30")},
+    "surround.mp4": {"audio_channels": 6},
+    "silent.mp4": {"audio_channels": None},
+    "hevc.mp4": {"codec": "libx265"},
+    "vp9.webm": {"codec": "libvpx-vp9"},
+    "av1.mp4": {"codec": "libsvtav1"},
+}
+
+
+@pytest.mark.parametrize("name", list(_CLIPS))
+def test_dry_run_keeps_count_rate_rotation_aspect(tmp_path: Path, name: str, capsys):
+    kw = _CLIPS[name]
+    if "codec" in kw and kw["codec"] not in encoders():
+        pytest.skip(f"bundled ffmpeg has no {kw['codec']} encoder")
+    src = make_clip(tmp_path / name, **kw)
+    info = probe(src)
+    dub = make_audio(tmp_path / "dub.wav", info.video_duration_s, rate=22050)
+    out = tmp_path / "out" / f"{Path(name).stem}.mp4"
+    before = sha256(src)
+    rc = main(["dub", str(src), "--audio", str(dub), "--out", str(out), "--backend", "passthrough", "--no-prefect",
+               "--set", f"workspace.root={tmp_path / 'ws'}", "--set", "encode.preset=veryfast"])  # fmt: skip
+    assert rc == 0 and capsys.readouterr().out.strip() == str(out)
+    o = probe(out)
+    assert (o.frame_count, o.rotation, o.dar) == (info.frame_count, info.rotation, info.dar)
+    assert o.fps == info.fps and o.display_size == info.display_size
+    assert psnr(decode_all(out), decode_all(src)) > 34
+    assert sha256(src) == before and not any(
+        (tmp_path / "ws").iterdir()
+    )  # film work dir removed after success
+
+
+# ----------------------------------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("good")
+    src = make_clip(d / "film.mp4", (12, 12), faststart=True)
+    info = probe(src)
+    return {
+        "dir": d,
+        "src": src,
+        "dub": make_audio(d / "dub.wav", info.video_duration_s),
+        "short": make_audio(d / "short.wav", info.video_duration_s - 0.3),
+        "long": make_audio(d / "long.wav", info.video_duration_s + 0.3),
+    }
+
+
+def _bad_case(case: str, good: dict[str, Path], tmp: Path) -> tuple[Path, Path, str]:
+    src, dub = good["src"], good["dub"]
+    if case == "missing":
+        return tmp / "nope.mp4", dub, "nope.mp4: no such file"
+    if case == "not_video":
+        p = tmp / "notes.mp4"
+        p.write_text("this is not a video\n" * 50)
+        return p, dub, "notes.mp4: truncated or not a media file"
+    if case == "truncated":
+        p = tmp / "cut.mp4"
+        p.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+        return p, dub, "cut.mp4: file is truncated"
+    if case == "no_video":
+        return make_audio(tmp / "voice.m4a", 1.0, codec="aac"), dub, "voice.m4a: no video stream"
+    if case == "bad_audio":
+        p = tmp / "dub.mp3"
+        p.write_bytes(b"\x00garbage" * 100)
+        return src, p, "dub.mp3: not a media file"
+    if case == "empty_audio":
+        p = tmp / "empty.wav"
+        sf.write(p, [], 16000, subtype="PCM_16")
+        return src, p, "empty.wav: audio stream contains no samples"
+    if case == "short_audio":
+        return src, good["short"], "short.wav: audio is"
+    if case == "long_audio":
+        return src, good["long"], "long.wav: audio is"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "not_video",
+        "truncated",
+        "no_video",
+        "bad_audio",
+        "empty_audio",
+        "short_audio",
+        "long_audio",
+    ],
+)
+def test_bad_inputs_fail_with_one_line_and_leave_nothing(case: str, good, tmp_path: Path, capsys):
+    src, dub, message = _bad_case(case, good, tmp_path)
+    hashes = {p: sha256(p) for p in (src, dub) if p.exists()}
+    out = tmp_path / "out" / "dubbed.mp4"
+    rc = main(
+        [
+            "dub",
+            str(src),
+            "--audio",
+            str(dub),
+            "--out",
+            str(out),
+            "--no-prefect",
+            "--set",
+            f"workspace.root={tmp_path / 'ws'}",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert err[-1].startswith("dubflow: error: ") and message in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    assert not out.exists() and (not out.parent.exists() or not any(out.parent.iterdir()))
+    assert all(sha256(p) == h for p, h in hashes.items())
+
+
+def test_console_script_error_exit_status(good, tmp_path: Path):
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("dubflow")), "dub", str(good["src"]), "--audio", str(good["short"]),
+         "--out", str(tmp_path / "o.mp4"), "--no-prefect", "--set", f"workspace.root={tmp_path / 'ws'}"],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stdout == ""
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dubflow: error: {good['short']}: audio is") and "Traceback" not in r.stderr
+
+
+def test_policy_allows_a_short_dub(good, tmp_path: Path, capsys):
+    out = tmp_path / "padded.mp4"
+    rc = main(["dub", str(good["src"]), "--audio", str(good["short"]), "--out", str(out), "--no-prefect",
+               "--set", "audio.length_policy=pad", "--set", f"workspace.root={tmp_path / 'ws'}"])  # fmt: skip
+    assert rc == 0
+    assert "padding with silence" in capsys.readouterr().err
+    o = probe(out)
+    assert o.frame_count == 24
+
+
+def test_weights_verify_reports_problems(tmp_path: Path, capsys):
+    pytest.importorskip("model.weights")
+    rc = main(["weights", "verify", str(tmp_path / "none")])
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.err.strip().startswith(f"dubflow: error: {tmp_path / 'none'}")
