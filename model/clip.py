@@ -128,6 +128,30 @@ def convert_state(state: dict[str, torch.Tensor], layers: int) -> dict[str, torc
     return out
 
 
+_REVERSE_BLOCK_MAP = {v: k for k, v in _BLOCK_MAP.items()}
+_FLAT_NAMES = {
+    "embeddings.class_embedding": "visual.cls_embedding",
+    "embeddings.position_embedding.weight": "visual.pos_embedding",
+    "embeddings.patch_embedding.weight": "visual.patch_embedding.weight",
+}
+
+
+def official_name(key: str) -> str:
+    """`CLIPVisionModel` key -> the official file's key (for error messages)."""
+    key = key.removeprefix("vision_model.")
+    if key in _FLAT_NAMES:
+        return _FLAT_NAMES[key]
+    if m := re.fullmatch(r"(pre_layrnorm|post_layernorm)\.(weight|bias)", key):
+        return f"visual.{'pre_norm' if m[1] == 'pre_layrnorm' else 'post_norm'}.{m[2]}"
+    if m := re.fullmatch(r"encoder\.layers\.(\d+)\.self_attn\.[qkv]_proj\.(weight|bias)", key):
+        return f"visual.transformer.{m[1]}.attn.to_qkv.{m[2]}"
+    if (m := re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)", key)) and m[
+        2
+    ] in _REVERSE_BLOCK_MAP:
+        return f"visual.transformer.{m[1]}.{_REVERSE_BLOCK_MAP[m[2]]}.{m[3]}"
+    return key
+
+
 class ClipImageEncoder:
     """Images/videos in [-1, 1] -> penultimate-block CLIP tokens (frames, 257, dim)."""
 

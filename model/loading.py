@@ -9,13 +9,14 @@ cross-checked against the DiT's config (text width, CLIP width, audio layers x w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from model.checkpoint import CheckpointError, check_keys, load_into
+from model.checkpoint import CheckpointError, load_into
 from model.weights import QUANTS, WeightsLayout, layout_for
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _preview(keys: list[str], limit: int = 8) -> str:
+    return ", ".join(keys[:limit]) + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
 def strict_assign(
     model: nn.Module,
     state: dict[str, torch.Tensor],
@@ -57,13 +62,30 @@ def strict_assign(
     source: Path | str,
     dtype: torch.dtype | None,
     device: torch.device | str,
+    file_name: Callable[[str], str] | None = None,
 ) -> None:
     """Check `state` against a (meta-built) model, cast floats to `dtype`, move, and assign in place.
 
-    Keys are checked before anything is copied; tensors shared between keys (tied weights) stay
-    shared; a tensor left on the meta device afterwards is an error.
+    Keys and shapes are checked before anything is copied; errors name `source` and each key as the
+    file spells it (`file_name` maps a converted key back). Tensors shared between keys (tied
+    weights) stay shared; a tensor left on the meta device afterwards is an error.
     """
-    check_keys(model.state_dict(), state, str(source))
+    name = file_name or (lambda k: k)
+    expected = model.state_dict()
+    problems = []
+    missing = sorted({name(k) for k in set(expected) - set(state)})
+    unexpected = sorted({name(k) for k in set(state) - set(expected)})
+    if missing:
+        problems.append(f"{len(missing)} missing key(s): {_preview(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s): {_preview(unexpected)}")
+    problems += [
+        f"{name(k)} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ][:8]
+    if problems:
+        raise CheckpointError(f"{source}: " + "; ".join(problems))
     converted: dict[int, torch.Tensor] = {}
     out = {}
     for k, v in state.items():

@@ -111,6 +111,21 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+_REVERSE_BLOCK_MAP = {v: k for k, v in _BLOCK_MAP.items()}
+
+
+def official_name(key: str) -> str:
+    """`UMT5EncoderModel` key -> the official file's key (for error messages)."""
+    if key in ("shared.weight", "encoder.embed_tokens.weight"):
+        return "token_embedding.weight"
+    if key == "encoder.final_layer_norm.weight":
+        return "norm.weight"
+    m = re.fullmatch(r"encoder\.block\.(\d+)\.(.+)", key)
+    if m and m[2] in _REVERSE_BLOCK_MAP:
+        return f"blocks.{m[1]}.{_REVERSE_BLOCK_MAP[m[2]]}"
+    return key
+
+
 def clean_prompt(text: str) -> str:
     """The official 'whitespace' cleaning: ftfy fix, double HTML unescape, collapse whitespace."""
     import ftfy  # noqa: PLC0415 (only needed when prompts are tokenized)
@@ -207,7 +222,7 @@ def load_umt5(
         raise CheckpointError(f"{pth}: not an umT5 encoder checkpoint ({e})") from e
     with torch.device("meta"):
         model = build_umt5(cfg)
-    strict_assign(model, state, source=pth, dtype=dtype, device=device)
+    strict_assign(model, state, source=pth, dtype=dtype, device=device, file_name=official_name)
     model.encoder.embed_tokens = model.shared  # one embedding module, as transformers ties them
     log.info("loaded umT5 encoder %s (%d layers, %s, %s)", pth, cfg.num_layers, dtype, device)
     return model.eval().requires_grad_(False)

@@ -1,0 +1,174 @@
+"""`verify_weights` (header-only integrity check) and `download_weights` file selection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from model.tiny import write_tiny_root
+from model.weights import (
+    INFINITETALK_HUB,
+    WAN_HUB,
+    WAV2VEC_HUB,
+    WeightsLayout,
+    download_weights,
+    verify_weights,
+)
+
+L = WeightsLayout()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return write_tiny_root(tmp_path_factory.mktemp("weights") / "root", seed=0)
+
+
+def _clone(root: Path, dst: Path) -> Path:
+    shutil.copytree(root, dst, copy_function=os.link)  # hard links: replace files, never edit in place
+    return dst
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
+
+
+def _shard(root: Path, i: int = 0) -> Path:
+    return sorted((root / L.wan_dir).glob("diffusion_pytorch_model-*.safetensors"))[i]
+
+
+def test_tiny_root_passes(root):
+    assert verify_weights(root) == []
+    assert verify_weights(root, mode="infinitetalk-720") == []
+
+
+def test_quant_files_required_only_for_quant(root):
+    problems = verify_weights(root, quant="fp8")
+    assert any("infinitetalk_single_fp8.safetensors: missing" in p for p in problems)
+    assert any("infinitetalk_single_fp8.json: missing" in p for p in problems)
+    assert not any("diffusion_pytorch_model" in p for p in problems)  # the quantized file replaces the shards
+
+
+def test_truncated_shard(root, tmp_path):
+    r = _clone(root, tmp_path / "r")
+    shard = _shard(r, 1)
+    _replace(shard, shard.read_bytes()[:-10])
+    problems = verify_weights(r)
+    assert len(problems) == 1 and shard.name in problems[0] and "truncated" in problems[0]
+
+
+def test_truncated_header(root, tmp_path):
+    r = _clone(root, tmp_path / "r")
+    it = r / L.infinitetalk
+    _replace(it, it.read_bytes()[:100])
+    (problem,) = verify_weights(r)
+    assert "infinitetalk.safetensors" in problem
+
+
+def test_renamed_key(root, tmp_path):
+    r = _clone(root, tmp_path / "r")
+    shard = _shard(r)
+    tensors = load_file(str(shard))
+    key = sorted(tensors)[-1]
+    tensors[key + "_renamed"] = tensors.pop(key)
+    shard.unlink()
+    save_file(tensors, str(shard))
+    problems = verify_weights(r)
+    assert any(shard.name in p and key in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        f"{L.wan_dir}/{L.vae}",
+        f"{L.wan_dir}/config.json",
+        f"{L.wan_dir}/{L.tokenizer}/tokenizer.json",
+        f"{L.wav2vec_dir}/model.safetensors",
+        L.infinitetalk,
+    ],
+)
+def test_missing_file(root, tmp_path, rel):
+    r = _clone(root, tmp_path / "r")
+    (r / rel).unlink()
+    problems = verify_weights(r)
+    assert problems and all(Path(rel).parent.name in p or Path(rel).name in p for p in problems), problems
+
+
+def test_missing_shard_listed_in_index(root, tmp_path):
+    r = _clone(root, tmp_path / "r")
+    shard = _shard(r, 2)
+    shard.unlink()
+    (problem,) = verify_weights(r)
+    assert shard.name in problem and "index" in problem
+
+
+def test_truncated_torch_checkpoint(root, tmp_path):
+    r = _clone(root, tmp_path / "r")
+    clip = r / L.wan_dir / L.clip
+    _replace(clip, clip.read_bytes()[: clip.stat().st_size // 2])
+    (problem,) = verify_weights(r)
+    assert L.clip in problem
+
+
+def test_header_length_beyond_file(tmp_path, root):
+    r = _clone(root, tmp_path / "r")
+    it = r / L.infinitetalk
+    data = it.read_bytes()
+    _replace(it, struct.pack("<Q", len(data) * 2) + data[8:])
+    (problem,) = verify_weights(r)
+    assert "exceeds the file size" in problem
+
+
+def test_bad_arguments(root):
+    with pytest.raises(ValueError, match="mode"):
+        verify_weights(root, mode="nope")
+    with pytest.raises(ValueError, match="quantization"):
+        verify_weights(root, quant="int4")
+    assert verify_weights(root / "absent") == [f"{root / 'absent'}: weights root not found"]
+
+
+def test_download_requests_pinned_files_of_the_mode(tmp_path, monkeypatch):
+    """No network here: record what would be fetched (repo, file, revision, destination)."""
+    import huggingface_hub
+
+    calls = []
+
+    def fake_file(repo_id, filename, *, revision, local_dir):
+        calls.append((repo_id, filename, revision, Path(local_dir)))
+        return str(Path(local_dir) / filename)
+
+    def fake_snapshot(repo_id, *, revision, allow_patterns, local_dir):
+        calls.append((repo_id, tuple(allow_patterns), revision, Path(local_dir)))
+        return str(local_dir)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_file)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    assert download_weights(tmp_path, "infinitetalk-480", "none") == tmp_path
+    pinned = {WAN_HUB.repo_id: WAN_HUB.revision, INFINITETALK_HUB.repo_id: INFINITETALK_HUB.revision}
+    for repo, what, rev, dest in calls:
+        if repo in pinned:
+            assert rev == pinned[repo]
+        else:
+            assert repo == WAV2VEC_HUB.repo_id
+            assert rev == (WAV2VEC_HUB.revision if what != "model.safetensors" else "refs/pr/1")
+        assert dest.parent == tmp_path
+    files = {what for _, what, _, _ in calls}
+    assert {L.vae, L.t5, L.clip, "config.json", "single/infinitetalk.safetensors"} <= files
+    assert ("google/umt5-xxl/*", "diffusion_pytorch_model-*.safetensors") in files
+
+    calls.clear()
+    download_weights(tmp_path, "infinitetalk-480", "fp8")
+    files = {what for _, what, _, _ in calls}
+    assert {
+        "quant_models/infinitetalk_single_fp8.safetensors",
+        "quant_models/infinitetalk_single_fp8.json",
+    } <= files
+    assert "single/infinitetalk.safetensors" not in files
+    assert ("google/umt5-xxl/*",) in files  # no DiT shards when the quantized file replaces them
+    assert json.dumps(sorted(map(str, files)))  # plain strings only
