@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The bundled sample film through the local command with the passthrough backend (a dry run until the
+# model backend lands); prints the output path. Prefect runs in-process (its ephemeral server unless
+# PREFECT_API_URL is set: ~20-40 s of start-up); `make demo DEMO_ARGS=--no-prefect` skips Prefect.
+demo: setup
+	$(BIN)/dubflow dub data/sample_film.mp4 --audio data/sample_dub.wav --out out/sample_film.dubbed.mp4 \
+		--backend passthrough $(DEMO_ARGS)
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
