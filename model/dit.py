@@ -37,6 +37,7 @@ from torch import nn
 from model.attention import attention
 from model.audio_proj import AudioProjModel
 from model.config import DiTConfig
+from model.parallel import LOCAL_SHARD, SequenceParallel, TokenShard
 from model.rope import Rope3D, apply_rope, rope_1d_tables
 from model.teacache import TeaCache
 
@@ -125,16 +126,24 @@ class SelfAttention(nn.Module):
         self.norm_k = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, backend: str
+        self,
+        x: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        backend: str,
+        shard: TokenShard = LOCAL_SHARD,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, L, dim) -> (out (B, L, dim), rotated q and k (B, L, H, Dh) for the speaker map)."""
+        """x (B, L, dim) -> (out (B, L, dim), rotated q and k (B, L, H, Dh) for the speaker map).
+
+        Under sequence parallelism L is this rank's tokens and `shard` attends over all ranks' keys.
+        """
         b, n, _ = x.shape
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # (B, L, H, Dh)
         k = self.norm_k(self.k(x)).unflatten(-1, (self.num_heads, -1))
         v = self.v(x).unflatten(-1, (self.num_heads, -1))
         q = apply_rope(q, rope_cos, rope_sin).to(x.dtype)
         k = apply_rope(k, rope_cos, rope_sin).to(x.dtype)
-        out = attention(q, k, v, backend=backend).reshape(b, n, -1)  # (B, L, dim)
+        out = shard.self_attention(q, k, v, backend).reshape(b, n, -1)  # (B, L, dim)
         return self.o(out), q, k
 
 
@@ -242,14 +251,21 @@ def reference_attention_map(
     return out[..., :m].float().mean(2).transpose(1, 2)  # (B, M, L)
 
 
-def speaker_positions(ref_map: torch.Tensor, class_range: int, class_interval: int) -> torch.Tensor:
+def speaker_positions(
+    ref_map: torch.Tensor,
+    class_range: int,
+    class_interval: int,
+    bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """1D RoPE position per token from the reference map (B, M, L), M = 2 speakers + background.
 
     Speaker 1 rows are min-max scaled into [0, interval], speaker 2 into [range - interval, range],
     background is range // 2; each token takes the value of its argmax row. -> (B, L) float32.
+    bounds: the rows' (min, max) (B, M, 1) over the whole sequence when ref_map holds only part of it.
     """
-    lo = ref_map.amin(-1, keepdim=True)  # (B, M, 1)
-    hi = ref_map.amax(-1, keepdim=True)
+    lo, hi = (
+        bounds if bounds is not None else (ref_map.amin(-1, keepdim=True), ref_map.amax(-1, keepdim=True))
+    )
     unit = (ref_map - lo) / (hi - lo + 1e-8)  # (B, M, L) in [0, 1]
     first = unit[:, 0] * class_interval  # (B, L)
     second = unit[:, 1] * class_interval + (class_range - class_interval)
@@ -318,14 +334,18 @@ class DiTBlock(nn.Module):
         context_text: torch.Tensor,
         audio_groups: Sequence[AudioGroup],
         backend: str = "sdpa",
+        shard: TokenShard = LOCAL_SHARD,
     ) -> torch.Tensor:
-        """x (B, L, dim) in the run dtype, e0 (B, 6, dim) float32 -> (B, L, dim)."""
+        """x (B, L, dim) in the run dtype, e0 (B, 6, dim) float32 -> (B, L, dim).
+
+        `shard` is the sequence-parallel hook (L = this rank's tokens); the default is one process.
+        """
         dtype = x.dtype
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float() + e0).unbind(1)  # (B, dim)
 
         # 1. self-attention (modulated input and gated residual in float32)
         h = (self.norm1(x).float() * (1 + scale1[:, None]) + shift1[:, None]).to(dtype)
-        y, q, k = self.self_attn(h, rope_cos, rope_sin, backend)
+        y, q, k = self.self_attn(h, rope_cos, rope_sin, backend, shard)
         x = (x.float() + y.float() * gate1[:, None]).to(dtype)
 
         # 2. text + CLIP-image cross-attention
@@ -341,8 +361,12 @@ class DiTBlock(nn.Module):
             else:
                 qg = q if group.index is None else q.index_select(0, group.index)
                 kg = k if group.index is None else k.index_select(0, group.index)
+                kg = shard.first_frame(kg, group.masks.shape[-1])  # (b, T0, H, Dh): frame-0 keys
                 ref_map = reference_attention_map(qg, kg, group.masks, self.head_splits, backend)  # (b, M, L)
-                positions = speaker_positions(ref_map, self.class_range, self.class_interval)  # (b, L)
+                bounds = shard.extrema(ref_map)  # min/max over the whole sequence
+                positions = speaker_positions(
+                    ref_map, self.class_range, self.class_interval, bounds
+                )  # (b, L)
                 query_rope = rope_1d_tables(positions, self.head_dim, self.rope_theta)
                 out = self.audio_cross_attn(xg, group.tokens, backend, query_rope, group.key_rope)
             if group.index is None:
@@ -414,6 +438,8 @@ class InfiniteTalkDiT(nn.Module):
         self.img_emb = MLPProj(config.clip_dim, dim)
         self.audio_proj = AudioProjModel(config)
         self.rope = Rope3D(config)
+        # sequence-parallel hook (None = one process); set with `SequenceParallel.attach`
+        self.sp: SequenceParallel | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -438,8 +464,9 @@ class InfiniteTalkDiT(nn.Module):
         grid_hw: tuple[int, int],
         ref_target_masks: torch.Tensor | None,
         audio_speakers: Sequence[int] | None,
+        shard: TokenShard = LOCAL_SHARD,
     ) -> list[AudioGroup]:
-        """Project the audio windows and group the samples by speaker count."""
+        """Project the audio windows and group the samples by speaker count (this rank's frames)."""
         c = self.config
         dtype = self.dtype
         if audio.dim() == 5:  # (S, F_pix, W, blocks, C) shared by the batch: project once
@@ -453,6 +480,7 @@ class InfiniteTalkDiT(nn.Module):
         slots = tokens.shape[1]
         if tokens.shape[2] != frames:
             raise ValueError(f"audio covers {tokens.shape[2]} latent frames, latent has {frames}")
+        tokens = shard.frames(tokens, dim=2)  # (B, S, F_r, T, C): the frames this rank owns
         counts = [slots] * batch if audio_speakers is None else [int(n) for n in audio_speakers]
         if len(counts) != batch or any(not 1 <= n <= slots for n in counts):
             raise ValueError(f"audio_speakers {counts} must give 1..{slots} for each of {batch} samples")
@@ -516,6 +544,8 @@ class InfiniteTalkDiT(nn.Module):
         y = y.expand(batch, -1, -1, -1, -1)
         tokens = self.patch_embedding(torch.cat([x, y], dim=1).to(dtype))  # (B, dim, Nt, Nh, Nw)
         tokens = tokens.flatten(2).transpose(1, 2)  # (B, L, dim)
+        shard = LOCAL_SHARD if self.sp is None else self.sp.shard(grid)
+        tokens = shard.tokens(tokens, dim=1)  # (B, L_r, dim): this rank's latent frames (all if one process)
 
         # 2. timestep embedding and the 6-way modulation (float32)
         t = t.reshape(-1).expand(batch)
@@ -528,16 +558,26 @@ class InfiniteTalkDiT(nn.Module):
         context_img = self.img_emb(clip_fea.to(dtype)).expand(batch, -1, -1)  # (B, 257, dim)
 
         # 4. audio tokens per latent frame, grouped by speaker count
-        groups = self._audio_groups(audio, batch, grid[0], grid[1:], ref_target_masks, audio_speakers)
+        groups = self._audio_groups(audio, batch, grid[0], grid[1:], ref_target_masks, audio_speakers, shard)
 
         # 5. transformer blocks (or TeaCache reuse of this branch's residual)
-        rope_cos, rope_sin = self.rope.tables(grid, tokens.device)  # (L, 1, Dh/2)
-        compute = True if teacache is None else teacache.should_compute(branch, e, e0)
+        rope_cos, rope_sin = (
+            shard.tokens(r, dim=0) for r in self.rope.tables(grid, tokens.device)
+        )  # (L_r, 1, Dh/2)
+        compute = True if teacache is None else shard.agree(teacache.should_compute(branch, e, e0))
         if compute:
             start = tokens
             for block in self.blocks:
                 tokens = block(
-                    tokens, e0, rope_cos, rope_sin, context_img, context_text, groups, self.attn_backend
+                    tokens,
+                    e0,
+                    rope_cos,
+                    rope_sin,
+                    context_img,
+                    context_text,
+                    groups,
+                    self.attn_backend,
+                    shard,
                 )
             if teacache is not None:
                 teacache.store_residual(branch, tokens - start)
@@ -545,7 +585,7 @@ class InfiniteTalkDiT(nn.Module):
             tokens = tokens + teacache.residual(branch)
 
         # 6. head (float32) and unpatchify: (B, L, pt*ph*pw*16) -> (B, 16, F, h, w)
-        out = self.head(tokens, e)
+        out = shard.gather_tokens(self.head(tokens, e))  # (B, L, pt*ph*pw*16), the same on every rank
         out = out.view(batch, *grid, pt, ph, pw, c.out_dim)  # (B, Nt, Nh, Nw, pt, ph, pw, C)
         out = out.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, Nt, pt, Nh, ph, Nw, pw)
         return out.reshape(batch, c.out_dim, grid[0] * pt, grid[1] * ph, grid[2] * pw)
