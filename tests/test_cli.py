@@ -227,14 +227,18 @@ def test_bad_inputs_fail_with_one_line_and_leave_nothing(case: str, good, tmp_pa
 
 
 def test_console_script_error_exit_status(good, tmp_path: Path):
+    junk = tmp_path / "junk.mov"
+    junk.write_bytes(b"\x00" * 4096)
     r = subprocess.run(
-        [str(Path(sys.executable).with_name("dubflow")), "dub", str(good["src"]), "--audio", str(good["short"]),
-         "--out", str(tmp_path / "o.mp4"), "--no-prefect", "--set", f"workspace.root={tmp_path / 'ws'}"],
+        [str(Path(sys.executable).with_name("dubflow")), "dub", str(junk), "--audio", str(good["dub"]),
+         "--out", str(tmp_path / "o.mp4")],
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert r.returncode == 1 and r.stdout == ""
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"dubflow: error: {good['short']}: audio is") and "Traceback" not in r.stderr
+    assert (
+        r.stderr.strip().splitlines()[-1].startswith(f"dubflow: error: {junk}: ")
+        and "Traceback" not in r.stderr
+    )
 
 
 def test_policy_allows_a_short_dub(good, tmp_path: Path, capsys):
@@ -245,6 +249,17 @@ def test_policy_allows_a_short_dub(good, tmp_path: Path, capsys):
     assert "padding with silence" in capsys.readouterr().err
     o = probe(out)
     assert o.frame_count == 24
+
+
+def test_final_mix_is_muxed_with_the_language_tag(good, tmp_path: Path, capsys):
+    info = probe(good["src"])
+    mix = make_audio(tmp_path / "mix.m4a", info.video_duration_s, rate=48000, channels=2, codec="aac")
+    out = tmp_path / "mixed.mkv"
+    rc = main(["dub", str(good["src"]), "--audio", str(good["dub"]), "--mix", str(mix), "--out", str(out), "--no-prefect",
+               "--set", "encode.audio_language=spa", "--set", f"workspace.root={tmp_path / 'ws'}"])  # fmt: skip
+    assert rc == 0
+    o = probe(out)
+    assert [(a.channels, a.language) for a in o.audio] == [(2, "spa")] and o.frame_count == info.frame_count
 
 
 def test_weights_verify_reports_problems(tmp_path: Path, capsys):
