@@ -187,13 +187,26 @@ class ModelGeometry:
 
 
 def _decode_args(info: VideoInfo, start: int, count: int, vf: list[str], pix_fmt: str) -> list[str]:
+    """ffmpeg arguments decoding frames [start, start + count) by index.
+
+    CFR: seek (input `-ss`, which lands on a keyframe at or before the asked time — for some
+    containers, such as MPEG-TS, only approximately) to one longest-GOP plus a frame before frame
+    `start`, keep the source timestamps (`-copyts`) and `select` frames from half a frame before
+    frame `start`'s time. VFR: decode from the start and `select` by index.
+    """
     seek: list[str] = []
     if info.vfr:
         if start > 0:
             vf = [f"select=gte(n\\,{start})", *vf]
     elif start > 0:
-        seek = ["-ss", f"{float((start - Fraction(1, 2)) / info.fps):.6f}"]
-    args = ["-v", "error", "-noautorotate", *seek, "-i", info.path, "-map", f"0:{info.stream_index}"]
+        t_frame = info.seek_offset_s + float((start - Fraction(1, 2)) / info.fps)  # on the -ss axis
+        margin = info.max_keyframe_interval_s + 2 * info.frame_duration_s
+        ss = max(0.0, t_frame - margin)
+        seek = ["-ss", f"{ss:.6f}", "-copyts"] if ss > 0 else ["-copyts"]
+        t_abs = info.start_s + float((start - Fraction(1, 2)) / info.fps)  # on the stream's own clock
+        vf = [f"select=gte(t\\,{t_abs:.6f})", *vf]
+    args = ["-v", "error", "-noautorotate"]
+    args += [*seek[:2], "-i", info.path, *seek[2:], "-map", f"0:{info.stream_index}"]
     args += ["-an", "-sn", "-dn", "-fps_mode", "passthrough"]
     if vf:
         args += ["-vf", ",".join(vf)]

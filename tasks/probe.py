@@ -69,6 +69,7 @@ class StreamHeader:
     header_fps: float | None
     language: str | None
     tag_duration_s: float | None = None  # the stream's own DURATION tag (Matroska), if any
+    start_s: float | None = None  # the stream's own start time when it differs from the container's
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class VideoInfo:
     path: str
     container: str
     duration_s: float | None  # container duration (all streams)
-    start_s: float  # pts of the first video frame, seconds
+    start_s: float  # start time of the video stream, seconds (container clock)
     stream_index: int
     codec: str
     pix_fmt: str
@@ -114,6 +115,13 @@ class VideoInfo:
     frame_count: int
     vfr: bool
     audio: tuple[AudioStreamInfo, ...] = field(default=())
+    container_start_s: float = 0.0  # the container's start time (what `ffmpeg -ss` is relative to)
+    max_keyframe_interval_s: float = 10.0  # longest GOP: how far before a frame a seek must land
+
+    @property
+    def seek_offset_s(self) -> float:
+        """Where the first video frame is on ffmpeg's input `-ss` axis (> 0 when audio starts first)."""
+        return self.start_s - self.container_start_s
 
     @property
     def frame_duration_s(self) -> float:
@@ -203,6 +211,7 @@ def _parse_video(idx: int, lang: str | None, rest: str) -> StreamHeader:
     width = height = 0
     sar = Fraction(1)
     fps = None
+    start = None
     for p in parts[1:]:
         m = _SIZE_RE.match(p)
         if m and not width:
@@ -224,9 +233,12 @@ def _parse_video(idx: int, lang: str | None, rest: str) -> StreamHeader:
         fm = _FPS_RE.match(p)
         if fm:
             fps = float(fm["v"]) * (1000 if fm["k"] else 1)
+        st = re.match(r"^start (-?[\d.]+)$", p)
+        if st:
+            start = float(st[1])
     return StreamHeader(
         index=idx, codec=codec, pix_fmt=pix_fmt, color_range=crange, color_space=cspace,
-        width=width, height=height, sar=sar, rotation=0, header_fps=fps, language=lang,
+        width=width, height=height, sar=sar, rotation=0, header_fps=fps, language=lang, start_s=start,
     )  # fmt: skip
 
 
@@ -310,11 +322,15 @@ def parse_ffmpeg_info(text: str, path: str | Path = "<input>") -> ContainerHeade
     return ContainerHeader(container, duration, start, tuple(videos), tuple(audios), n_streams)
 
 
-def parse_framecrc(lines: Iterable[str]) -> tuple[Fraction, list[int], list[int]]:
-    """Parse a `-f framecrc` listing of one stream: (time_base, pts list, durations). Pure."""
+def parse_framecrc(lines: Iterable[str]) -> tuple[Fraction, list[int], list[int], list[bool]]:
+    """Parse a `-f framecrc` listing of one stream: (time_base, pts, durations, keyframe flags). Pure.
+
+    framecrc prints `F=0x..` only when a packet's flags differ from "keyframe".
+    """
     tb = None
     pts: list[int] = []
     durs: list[int] = []
+    keys: list[bool] = []
     for line in lines:
         if line.startswith("#tb 0:"):
             tb = Fraction(line.split(":", 1)[1].strip())
@@ -326,9 +342,24 @@ def parse_framecrc(lines: Iterable[str]) -> tuple[Fraction, list[int], list[int]
             continue
         pts.append(int(cols[2]))
         durs.append(int(cols[3]))
+        flags = next((c[2:] for c in cols[5:] if c.startswith("F=")), None)
+        keys.append(flags is None or bool(int(flags, 16) & 1))
     if tb is None:
         raise ValueError("framecrc listing has no '#tb 0:' line")
-    return tb, pts, durs
+    return tb, pts, durs, keys
+
+
+def max_keyframe_interval(pts: list[int], keys: list[bool], time_base: Fraction) -> float:
+    """Longest stretch (seconds) a decoder may need to reach the next keyframe, end of stream included. Pure."""
+    if not pts:
+        return 0.0
+    kpts = sorted(p for p, k in zip(pts, keys, strict=True) if k)
+    edges = [min(pts), *kpts, max(pts)]
+    return (
+        float(max(b - a for a, b in zip(edges, edges[1:], strict=False)) * time_base)
+        if len(edges) > 1
+        else 0.0
+    )
 
 
 def frame_rate_from_pts(
@@ -427,7 +458,7 @@ def probe(path: str | Path, *, frame_count: str = "packets") -> VideoInfo:
         raise
     if any("partial file" in s for s in stderr):
         raise TruncatedMedia(p, "file is truncated (ffmpeg: partial file)")
-    tb, pts, durs = parse_framecrc(lines)
+    tb, pts, durs, keys = parse_framecrc(lines)
     if not pts:
         raise NoVideoStream(p, "the video stream has no frames")
     fps, vfr = frame_rate_from_pts(pts, durs, tb, v.header_fps)
@@ -436,10 +467,11 @@ def probe(path: str | Path, *, frame_count: str = "packets") -> VideoInfo:
         count = _count_decoded(p, v.index)
     info = VideoInfo(
         path=str(p), container=head.container, duration_s=head.duration_s,
-        start_s=float(min(pts) * tb), stream_index=v.index, codec=v.codec, pix_fmt=v.pix_fmt,
+        start_s=v.start_s if v.start_s is not None else (head.start_s or 0.0), stream_index=v.index, codec=v.codec, pix_fmt=v.pix_fmt,
         color_range=v.color_range, color_space=v.color_space, width=v.width, height=v.height,
         sar=v.sar, rotation=v.rotation, fps=fps, time_base=tb, frame_count=count, vfr=vfr,
-        audio=head.audio,
+        audio=head.audio, container_start_s=head.start_s or 0.0,
+        max_keyframe_interval_s=max_keyframe_interval(pts, keys, tb),
     )  # fmt: skip
     _check_truncation(p, info, v.tag_duration_s)
     return info
@@ -456,7 +488,7 @@ def _check_truncation(path: Path, info: VideoInfo, stream_duration_s: float | No
         promised = info.duration_s
     if promised is None:
         return
-    readable = info.start_s + info.video_duration_s
+    readable = info.seek_offset_s + info.video_duration_s
     if promised - readable > 2 * info.frame_duration_s + 0.01:
         raise TruncatedMedia(
             path, f"header says {promised:.3f} s but only {readable:.3f} s of video is readable"

@@ -24,7 +24,7 @@ from tasks.frames import (
     resize_and_centercrop_tensor,
 )
 from tasks.probe import probe
-from tests.media import decode_all, make_clip, shot_frames
+from tests.media import decode_all, make_clip, run_ffmpeg, shot_frames
 
 
 @pytest.mark.parametrize(
@@ -33,11 +33,19 @@ from tests.media import decode_all, make_clip, shot_frames
         ("h264.mp4", {"lengths": (20, 17, 23), "gop": 7}),  # B-frames, keyframes every 7
         ("h264.mkv", {"lengths": (20, 17, 23), "gop": 9, "fps": "30000/1001"}),  # 1 ms timestamps
         ("vfr.mkv", {"lengths": (25, 25), "vfr_split": (25, "60")}),  # VFR: select by index
+        ("offset.ts", {"lengths": (20, 17, 23), "gop": 7, "audio_channels": 2}),  # MPEG-TS: inexact seeks
     ],
 )
 def test_seek_is_frame_exact(tmp_path: Path, name: str, kwargs: dict):
-    clip = make_clip(tmp_path / name, audio_channels=None, **kwargs)
+    kwargs = {"audio_channels": None, **kwargs}
+    if name.endswith(".ts"):  # audio starts before video, all timestamps offset by ~4.4 s
+        base = make_clip(tmp_path / "base.mp4", **kwargs)
+        clip = tmp_path / name
+        run_ffmpeg(["-i", str(base), "-c", "copy", "-output_ts_offset", "3", str(clip)])
+    else:
+        clip = make_clip(tmp_path / name, **kwargs)
     info = probe(clip)
+    assert info.seek_offset_s > 0.01 if name.endswith(".ts") else info.seek_offset_s == 0
     every = np.stack(list(iter_frames(info)))
     assert every.shape[0] == info.frame_count
     rng = np.random.default_rng(1)

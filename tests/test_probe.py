@@ -11,6 +11,7 @@ from tasks.errors import MediaNotFound, NotAMediaFile, NoVideoStream, TruncatedM
 from tasks.probe import (
     VideoInfo,
     frame_rate_from_pts,
+    max_keyframe_interval,
     normalise_rotation,
     parse_ffmpeg_info,
     parse_framecrc,
@@ -135,6 +136,18 @@ def test_parse_webm_sar_outside_brackets():
     assert head.audio[0].channels == 2 and head.audio[0].language == "spa"
 
 
+def test_parse_stream_start_of_a_transport_stream():
+    text = """Input #0, mpegts, from 'off.ts':
+  Duration: 00:00:02.52, start: 4.378667, bitrate: 354 kb/s
+  Program 1
+  Stream #0:0[0x100]: Video: h264 (High) ([27][0][0][0] / 0x001B), yuv420p(progressive), 128x72, 23.98 fps, 23.98 tbr, 90k tbn, start 4.400000
+  Stream #0:1[0x101](und): Audio: aac (LC) ([15][0][0][0] / 0x000F), 48000 Hz, stereo, fltp, 129 kb/s, start 4.378667
+"""
+    head = parse_ffmpeg_info(text)
+    assert head.start_s == 4.378667 and head.video[0].start_s == 4.4 and head.video[0].sar == 1
+    assert head.audio[0].channels == 2
+
+
 def test_parse_audio_only_and_errors():
     assert parse_ffmpeg_info(AUDIO_ONLY).video == ()
     with pytest.raises(NotAMediaFile, match="notvideo.mp4: not a media file"):
@@ -146,8 +159,11 @@ def test_parse_audio_only_and_errors():
 
 
 def test_parse_framecrc_reorders_nothing_but_collects_pts():
-    tb, pts, durs = parse_framecrc(FRAMECRC_MP4.splitlines())
+    tb, pts, durs, keys = parse_framecrc(FRAMECRC_MP4.splitlines())
     assert tb == Fraction(1, 24000) and pts == [0, 4004, 2002, 1001, 3003] and set(durs) == {1001}
+    assert keys == [True, False, False, False, False]
+    assert max_keyframe_interval(pts, keys, tb) == 4004 / 24000
+    assert max_keyframe_interval([0, 10, 20, 30], [True, False, True, False], Fraction(1, 10)) == 2.0
     fps, vfr = frame_rate_from_pts(pts, durs, tb)
     assert fps == Fraction(24000, 1001) and not vfr
 
