@@ -33,3 +33,16 @@ lint: setup
 
 clean:
 	rm -rf .prefect out workspace
+
+# Prefect stack on this host (server, pools, deployments, one worker per GPU): see "Running on a GPU pool".
+.PHONY: stack-start stack-stop screenshot
+stack-start: setup
+	scripts/stack.sh start
+
+stack-stop:
+	scripts/stack.sh stop
+
+# make screenshot RUN=<flow-run-id> [OUT=run.png]
+screenshot:
+	@test -n "$(RUN)" || { echo "usage: make screenshot RUN=<flow-run-id> [OUT=run.png]" >&2; exit 2; }
+	scripts/screenshot.sh "$(RUN)" "$(or $(OUT),run.png)"

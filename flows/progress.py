@@ -1,6 +1,6 @@
 """What a film run shows in the Prefect UI: run names, per-shot progress, the shot table, the summary.
 
-* every shot is a task run named like ``shot-0042 00:12:03.125–00:12:09.000`` (``shot_run_name``);
+* every shot is a task run named like ``shot-0042 00:12:03.125-00:12:09.000`` (``shot_run_name``);
 * each shot has a progress artifact updated once per chunk (``ShotProgress``, usable as the
   ``on_progress(fraction)`` callback of the per-shot renderer);
 * the film run has a table artifact with the shot plan and each shot's status/reason
@@ -56,8 +56,11 @@ def timecode(seconds: float) -> str:
 
 
 def shot_run_name(index: int, start_s: float, end_s: float) -> str:
-    """Task run name of a shot: ``shot-0042 00:12:03.125–00:12:09.000`` (end exclusive)."""
-    return f"shot-{index:04d} {timecode(start_s)}–{timecode(end_s)}"
+    """Task run name of a shot: ``shot-0042 00:12:03.125-00:12:09.000`` (end exclusive).
+
+    ASCII only: the UI's run graph draws names with an ASCII bitmap font, so an en dash would vanish.
+    """
+    return f"shot-{index:04d} {timecode(start_s)}-{timecode(end_s)}"
 
 
 class ShotProgress:

@@ -111,10 +111,7 @@ cmd_start() {
   fi
   wait_healthy
   say "API healthy at $PREFECT_API_URL"
-  prefect work-pool create cpu-pool --type process --overwrite >>"$LOG_DIR/setup.log" 2>&1 \
-    || die "cannot create work pool cpu-pool (log: $LOG_DIR/setup.log)"
-  prefect work-pool create gpu-pool --type process --overwrite >>"$LOG_DIR/setup.log" 2>&1 \
-    || die "cannot create work pool gpu-pool (log: $LOG_DIR/setup.log)"
+  python "$DUBFLOW_PROJECT_DIR/scripts/ensure_pools.py" cpu-pool gpu-pool || die "cannot create the work pools"
   if ! prefect --no-prompt deploy --all --prefect-file "$PREFECT_FILE" >"$LOG_DIR/deploy.log" 2>&1; then
     tail -n 30 "$LOG_DIR/deploy.log" >&2 || true
     die "prefect deploy --all --prefect-file $PREFECT_FILE failed (log: $LOG_DIR/deploy.log)"

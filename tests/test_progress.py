@@ -31,7 +31,7 @@ def test_timecode_and_shot_names():
     assert timecode(723.125) == "00:12:03.125"
     assert timecode(59.9996) == "00:01:00.000"
     assert timecode(3 * 3600 + 0.5) == "03:00:00.500"
-    assert shot_run_name(42, 723.125, 729.0) == "shot-0042 00:12:03.125–00:12:09.000"
+    assert shot_run_name(42, 723.125, 729.0) == "shot-0042 00:12:03.125-00:12:09.000"
     with pytest.raises(ValueError, match="finite time"):
         timecode(-1.0)
 
