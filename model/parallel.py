@@ -521,7 +521,7 @@ class ShotWorker:
             return kind, rank, payload
 
     def _fail(self, message: str) -> ShotWorkerError:
-        self.close(timeout_s=5.0)
+        self.close(timeout_s=1.0)  # ranks blocked in a collective with the failed one never finish
         return ShotWorkerError(f"ShotWorker ({self.world_size} ranks): {message}")
 
     def __enter__(self) -> ShotWorker:
