@@ -5,6 +5,7 @@ A workspace is keyed by what determines the result:
 * the film's content fingerprint: size, mtime (ns) and a SHA-256 of its first and last MiB. Films are
   tens of GB, so the whole file is not hashed; replacing, re-encoding, truncating or touching the file
   changes the key (an in-place edit of the middle that keeps size and mtime would not: accepted);
+  other inputs the shots depend on (the dubbed dialogue track) are fingerprinted the same way;
 * a hash of the pipeline config (canonical JSON of its semantic fields);
 * the code version: the ``dubflow`` package version plus ``git describe --always --dirty`` when the
   checkout is a git repository (``DUBFLOW_CODE_VERSION`` pins it instead).
@@ -172,17 +173,22 @@ def open_workspace(
     film: str | os.PathLike[str],
     config: Any,
     *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
     exclude: Iterable[str] = (),
     version: str | None = None,
 ) -> Workspace:
     """Create (or reopen) the workspace of ``film`` + ``config`` + code version under ``root``.
 
-    Safe when several runs open the same workspace at once: the first manifest written wins and the
-    others read its incarnation id.
+    ``inputs`` are other files the shots depend on (the dubbed dialogue track): their fingerprints
+    join the film's. Safe when several runs open the same workspace at once: the first manifest
+    written wins and the others read its incarnation id.
     """
     version = code_version() if version is None else version
     digest = config_hash(config, exclude=exclude)
     fingerprint = film_fingerprint(film)
+    extra = {str(Path(p).resolve()): film_fingerprint(p) for p in inputs}
+    if extra:
+        fingerprint = stable_hash([fingerprint, sorted(extra.values())], length=32)
     key = workspace_key(film, fingerprint, digest, version)
     path = Path(root) / key
     path.mkdir(parents=True, exist_ok=True)
@@ -190,6 +196,7 @@ def open_workspace(
         "key": key,
         "film": str(Path(film).resolve()),
         "fingerprint": fingerprint,
+        "inputs": extra,
         "config_hash": digest,
         "code_version": version,
         "incarnation": uuid.uuid4().hex[:12],

@@ -145,9 +145,18 @@ def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
         open_workspace(root, film, {**CONFIG, "backend": "other"}, version="1.0+abc").key,
         open_workspace(root, film, CONFIG, version="1.1").key,
     }
+    dub = tmp_path / "dub.wav"
+    dub.write_bytes(b"RIFF" + os.urandom(1000))
+    with_dub = open_workspace(root, film, CONFIG, inputs=[dub], version="1.0+abc")
+    assert json.loads((with_dub.path / "workspace.json").read_text())["inputs"] == {
+        str(dub.resolve()): film_fingerprint(dub)
+    }
+    others.add(with_dub.key)
+    _rewrite(dub, 10)
+    others.add(open_workspace(root, film, CONFIG, inputs=[dub], version="1.0+abc").key)
     _rewrite(film, 0)
     others.add(open_workspace(root, film, CONFIG, version="1.0+abc").key)
-    assert len(others) == 3 and ws.key not in others
+    assert len(others) == 5 and ws.key not in others
     assert Workspace.from_dict(json.loads(json.dumps(ws.as_dict()))) == ws
     with pytest.raises(ValueError, match="missing key 'incarnation'"):
         Workspace.from_dict({"root": "/r", "key": "k"})
