@@ -56,7 +56,11 @@ def t5(tmp_path_factory):
 
 
 def test_t5_prompts_trimmed_padding_independent_and_cached(t5):
-    prompts = ["a man is talking", "a woman is singing to the camera in a room with light", "a man is talking"]
+    prompts = [
+        "a man is talking",
+        "a woman is singing to the camera in a room with light",
+        "a man is talking",
+    ]
     ids, mask = t5.tokenize(prompts[:1])
     assert ids[0, -1] == 1  # </s> appended, as the official tokenizer call does
     cache = PromptCache()
@@ -141,3 +145,27 @@ def test_loudness_normalisation_rules():
     assert loudness_normalize(silent) is silent
     short = wave[:3000]  # < 0.4 s: no loudness defined; returned as is (the official code raises)
     assert loudness_normalize(short) is short
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_encoders_match_goldens(monkeypatch):
+    """float32 on CUDA meets the golden tolerance; the official half-precision dtypes stay close."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    t5_in = load_tensors(PARITY / "t5/encoder/inputs.safetensors")
+    t5_gold = load_tensors(PARITY / "t5/encoder/outputs.safetensors")["hidden_full"].cuda()
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
+        model = load_umt5(PARITY / "t5/weights/tiny_umt5_encoder.pth", dtype=dtype, device="cuda")
+        with torch.no_grad():
+            out = model(input_ids=t5_in["ids"].cuda(), attention_mask=t5_in["mask"].cuda()).last_hidden_state
+        assert _rel(out.float(), t5_gold) < tol, dtype
+    image = load_tensors(PARITY / "clip/visual/inputs.safetensors")["image"].cuda()
+    clip_gold = load_tensors(PARITY / "clip/visual/outputs.safetensors")["visual_out"].cuda()
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
+        enc = load_clip(PARITY / "clip/weights/tiny_clip_xlm_roberta_vit.pth", dtype=dtype, device="cuda")
+        assert _rel(enc.encode(image).float(), clip_gold) < tol, dtype
+    wave = load_tensors(PARITY / "wav2vec/get_embedding/inputs.safetensors")["waveform"].numpy()
+    emb_gold = load_tensors(PARITY / "wav2vec/get_embedding/outputs.safetensors")["audio_emb"]
+    audio_cuda = load_wav2vec(PARITY / "wav2vec/tiny_wav2vec2", dtype=torch.float32, device="cuda")
+    assert _rel(audio_cuda.embed(wave), emb_gold) < 1e-4

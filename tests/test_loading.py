@@ -24,7 +24,7 @@ L = WeightsLayout()
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    return write_tiny_root(tmp_path_factory.mktemp("weights") / "root", seed=0, quants=("int8",))
+    return write_tiny_root(tmp_path_factory.mktemp("weights") / "root", seed=0, quants=("fp8", "int8"))
 
 
 @pytest.fixture(scope="module")
@@ -262,3 +262,32 @@ def test_lora_errors_name_keys(root, tmp_path):
             merge_lora(dit, path)
     for k, v in dit.state_dict().items():  # a failed merge changes nothing
         assert torch.equal(v, reference[k]), k
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_official_dtypes_and_quantized(root):
+    """GPU run with the official precisions (DiT bf16, VAE fp32, CLIP fp16, umT5 on the CPU) and both
+    quantized DiTs: everything loads on the device and one denoising call is finite and consistent."""
+    spec = LoadSpec(device="cuda", t5_cpu=True, t5_dtype=torch.float32)
+    m = load_models(root, spec)
+    assert next(m.dit.parameters()).is_cuda and next(m.t5.model.parameters()).device.type == "cpu"
+    c = m.dit.config
+    context = m.t5.encode(["a man is talking"], device="cuda")[0]
+    image = torch.rand(1, 3, 1, 32, 32, device="cuda") * 2 - 1
+    clip_fea = m.clip.encode(image)
+    emb = m.audio.embed(np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1, n_frames=5)
+    audio = emb[(torch.arange(5)[:, None] + torch.arange(-2, 3)).clamp(0, 4)][None].cuda()
+    ref = m.vae.encode(image)
+    y = torch.cat([torch.ones(1, 4, 2, 4, 4, device="cuda"), torch.cat([ref, torch.zeros_like(ref)], 2)], 1)
+    x = torch.randn(1, c.out_dim, 2, 4, 4, device="cuda")
+    t = torch.tensor([500.0], device="cuda")
+    with torch.no_grad():
+        base = m.dit(x, t, context[None], clip_fea, y, audio)
+    assert torch.isfinite(base).all()
+    for quant in ("fp8", "int8"):
+        q = load_models(root, LoadSpec(device="cuda", quant=quant, components=("dit",))).dit
+        with torch.no_grad():
+            out = q(x, t, context[None], clip_fea, y, audio)
+        assert torch.isfinite(out).all()
+        assert float((out - base).abs().max() / base.abs().max()) < 0.1, quant

@@ -84,7 +84,10 @@ def test_stream_with_explicit_cache_equals_one_call(vae):
     z = whole
     dec_whole = vae.decode(z, clamp=False)
     cache = CausalCache()
-    dec_parts = [vae.decode(z[:, :, :1], clamp=False, cache=cache), vae.decode(z[:, :, 1:], clamp=False, cache=cache)]
+    dec_parts = [
+        vae.decode(z[:, :, :1], clamp=False, cache=cache),
+        vae.decode(z[:, :, 1:], clamp=False, cache=cache),
+    ]
     assert dec_parts[0].shape[2] == 1 and dec_parts[1].shape[2] == 8
     assert _rel(torch.cat(dec_parts, dim=2), dec_whole) < 1e-5
 
@@ -162,3 +165,28 @@ def test_load_errors_name_file_and_key(tmp_path):
         load_vae(tmp_path / "cut.pth")
     with pytest.raises(CheckpointError, match=r"absent\.pth"):
         load_vae(tmp_path / "absent.pth")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_float32_parity_and_bf16(monkeypatch):
+    """On CUDA: float32 meets the golden tolerance (TF32 off); bf16 (model and activations) stays close."""
+    from tests.parity.common import load_tensors
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    case = WEIGHTS.parent.parent / "encode_decode"
+    inp, gold = load_tensors(case / "inputs.safetensors"), load_tensors(case / "outputs.safetensors")
+    vae32 = load_vae(WEIGHTS, dtype=torch.float32, device="cuda")
+    assert _rel(vae32.encode(inp["video"][None].cuda())[0], gold["enc_video"].cuda()) < 1e-4
+    assert (
+        _rel(vae32.decode(inp["z_video"][None].cuda(), clamp=False)[0], gold["dec_video_unclamped"].cuda())
+        < 1e-4
+    )
+    vae16 = load_vae(WEIGHTS, dtype=torch.bfloat16, device="cuda")
+    enc = vae16.encode(inp["video"][None].cuda())[0]
+    dec = vae16.decode(inp["z_video"][None].cuda(), clamp=False)[0]
+    assert enc.dtype == dec.dtype == torch.float32
+    assert _rel(enc, gold["enc_video"].cuda()) < 5e-2  # measured upstream: ~2e-2
+    assert _rel(dec, gold["dec_video_unclamped"].cuda()) < 1.5e-1  # measured upstream: ~6e-2
+    tiled = vae16.decode(inp["z_video"][None].cuda(), tiling=TileSpec(32, 16))
+    assert tiled.shape == (1, 3, 9, 64, 64) and torch.isfinite(tiled).all()
