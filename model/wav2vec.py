@@ -11,6 +11,10 @@ and only its centre kept. Everything before the transformer is computed exactly 
 track (the waveform normalisation and the first conv layer's GroupNorm use whole-track statistics,
 the interpolation uses whole-track positions), so only the self-attention's reach is limited to
 window + margins. A track shorter than one window gives the whole-track result.
+
+The official `Wav2Vec2Model` subclass sets `config.output_attentions = True` inside `forward`, which
+newer transformers reject with the SDPA backend; nothing here asks for attention maps, so the stock
+model runs with whatever attention backend transformers picks.
 """
 
 from __future__ import annotations
