@@ -422,7 +422,7 @@ class InfiniteTalkDiT(nn.Module):
         super().__init__()
         self.config = config
         dim = config.dim
-        self.attn_backend = "sdpa"
+        self.attn_backend = "auto"
         self.patch_embedding = nn.Conv3d(
             config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size
         )
@@ -543,7 +543,8 @@ class InfiniteTalkDiT(nn.Module):
         # 1. patch embedding of cat(noisy latent, condition): (B, 36, F, h, w) -> (B, L, dim)
         y = y.expand(batch, -1, -1, -1, -1)
         tokens = self.patch_embedding(torch.cat([x, y], dim=1).to(dtype))  # (B, dim, Nt, Nh, Nw)
-        tokens = tokens.flatten(2).transpose(1, 2)  # (B, L, dim)
+        # contiguous: every block then sees the same (non-view) input layout, so one compiled graph serves all
+        tokens = tokens.flatten(2).transpose(1, 2).contiguous()  # (B, L, dim)
         shard = LOCAL_SHARD if self.sp is None else self.sp.shard(grid)
         tokens = shard.tokens(tokens, dim=1)  # (B, L_r, dim): this rank's latent frames (all if one process)
 

@@ -91,6 +91,9 @@ class SamplerSettings:
     denoise_strength: 1.0 starts from pure noise; s < 1 starts from the source chunk's latent
         noised to the schedule's timestep at step ``N - int(N*s)`` and skips earlier steps.
     max_frames: only for the official plan (its ``max_frames_num``).
+    batch_branches: evaluate a step's 2-3 guidance branches as one batched DiT call (same numbers
+        up to float rounding; one TeaCache decision per step, under the branch name
+        ``"cond+drop_text+uncond"``) instead of one call per branch.
     """
 
     frame_num: int = 81
@@ -109,6 +112,7 @@ class SamplerSettings:
     plan: PlanPolicy = "dubflow"
     max_frames: int = 1000
     num_train_timesteps: int = 1000
+    batch_branches: bool = False
 
     def __post_init__(self) -> None:
         if self.frame_num < 1 or (self.frame_num - 1) % VAE_TIME_STRIDE:
@@ -595,6 +599,44 @@ def _source_chunk(cond: Conditioning, spec: ChunkSpec) -> torch.Tensor:
     return src[None]
 
 
+def _batched_branches(
+    model: VelocityModel,
+    latent: torch.Tensor,
+    t: torch.Tensor,
+    calls: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    clip_fea: torch.Tensor,
+    y: torch.Tensor,
+    ref_target_masks: torch.Tensor,
+    teacache=None,
+) -> dict[str, torch.Tensor]:
+    """All guidance branches of one step as one DiT call of batch len(calls).
+
+    Contexts are zero-padded to a common length (the DiT zero-pads to text_len anyway); audio is
+    stacked per sample (B, S_max, F_pix, 5, 12, 768) with zero slots for branches with fewer
+    speakers, which `audio_speakers` tells the DiT to ignore (null audio stays one speaker).
+    """
+    names = list(calls)
+    contexts = [_batched(c, 3) for c, _ in calls.values()]  # (1, Lt_i, Dt) each
+    length = max(c.shape[1] for c in contexts)
+    context = torch.cat([F.pad(c, (0, 0, 0, length - c.shape[1])) for c in contexts])  # (B, Lt, Dt)
+    audios = [a for _, a in calls.values()]  # (S_i, F_pix, 5, 12, 768) each
+    slots = max(a.shape[0] for a in audios)
+    audio = torch.stack([F.pad(a, (0, 0) * (a.dim() - 1) + (0, slots - a.shape[0])) for a in audios])
+    out = model(
+        latent.expand(len(names), -1, -1, -1, -1),
+        t=t.expand(len(names)),
+        context=context,
+        clip_fea=clip_fea,
+        y=y,
+        audio=audio,  # (B, S_max, F_pix, 5, 12, 768)
+        ref_target_masks=ref_target_masks,
+        audio_speakers=[a.shape[0] for a in audios],
+        teacache=teacache,
+        branch="+".join(names),
+    ).float()  # (B, 16, F, h, w)
+    return {name: out[i : i + 1] for i, name in enumerate(names)}
+
+
 def denoise_chunk(
     model: VelocityModel,
     latent: torch.Tensor,
@@ -638,20 +680,23 @@ def denoise_chunk(
     for i in range(start_step, settings.sampling_steps):
         t, t_next = timesteps[i : i + 1], timesteps[i + 1 : i + 2]  # (1,), (1,)
         latent[:, :, :t_m] = motion_latent
-        preds = {
-            name: model(
-                latent,
-                t=t,
-                context=ctx,
-                clip_fea=clip_fea,
-                y=y,
-                audio=aud,
-                ref_target_masks=ref_target_masks,
-                teacache=teacache,
-                branch=name,
-            ).float()
-            for name, (ctx, aud) in calls.items()
-        }
+        if settings.batch_branches and len(calls) > 1:
+            preds = _batched_branches(model, latent, t, calls, clip_fea, y, ref_target_masks, teacache)
+        else:
+            preds = {
+                name: model(
+                    latent,
+                    t=t,
+                    context=ctx,
+                    clip_fea=clip_fea,
+                    y=y,
+                    audio=aud,
+                    ref_target_masks=ref_target_masks,
+                    teacache=teacache,
+                    branch=name,
+                ).float()
+                for name, (ctx, aud) in calls.items()
+            }
         if apg is not None:
             velocity = apg_combine(preds, settings.text_guide_scale, settings.audio_guide_scale, apg)
         else:

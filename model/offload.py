@@ -1,0 +1,240 @@
+"""Low-VRAM running of the DiT: transformer blocks streamed from pinned host memory, VAE tiling by budget.
+
+`BlockOffload` moves every block's parameters and buffers into one pinned host buffer per block and
+keeps only `slots` (default 2) block-sized device buffers. Before block i runs, its bytes are already
+on the device (one H2D copy per block, issued on a side CUDA stream while block i-1 computes); the
+block's tensors are re-pointed at that slot (`tensor.data = view`) and block i+1 is prefetched into the
+next slot as soon as the block that last used it has finished (CUDA events order the two streams).
+At 480P a block computes for ~50-60 ms while its fp8 weights (0.37 GB) cross PCIe in ~10 ms, so the
+copies hide behind compute; the device then holds 2 blocks instead of 40 (~17 GB less in fp8, ~34 GB
+in bf16).
+
+Each block is wrapped in an `OffloadedBlock` (hooks would be traced into a compiled block); the
+wrapped `DiTBlock` can still be compiled with `model.compile.compile_blocks`. Without CUDA (tests) the
+same slot logic runs synchronously on the CPU.
+
+`vae_tiling_for` picks spatial VAE tiling when the free device memory is short of what an untiled
+decode needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from model.vae import TileSpec
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 256  # byte alignment of every tensor inside a block buffer (fp8 GEMMs want 16)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One tensor of a block: its owner module and attribute, and where it sits in the block buffer."""
+
+    module: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int
+    nbytes: int
+
+
+def _block_layout(block: nn.Module) -> tuple[list[_Entry], int]:
+    entries, offset = [], 0
+    tensors = [(n, p) for n, p in block.named_parameters()] + [(n, b) for n, b in block.named_buffers()]
+    for full, t in tensors:
+        module, _, name = full.rpartition(".")
+        nbytes = t.numel() * t.element_size()
+        entries.append(_Entry(module, name, tuple(t.shape), t.dtype, offset, nbytes))
+        offset += math.ceil(nbytes / _ALIGN) * _ALIGN
+    return entries, offset
+
+
+def _views(buffer: torch.Tensor, entries: list[_Entry]) -> list[torch.Tensor]:
+    return [buffer[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in entries]
+
+
+class OffloadedBlock(nn.Module):
+    """A DiT block whose weights are loaded into a device slot right before it runs."""
+
+    def __init__(self, block: nn.Module, index: int, offload: BlockOffload):
+        super().__init__()
+        self.block = block
+        self.index = index
+        self._offload = [offload]  # a list, so nn.Module does not register the manager as a child
+
+    def forward(self, *args, **kwargs):
+        manager = self._offload[0]
+        manager.before(self.index)
+        out = self.block(*args, **kwargs)
+        manager.after(self.index)
+        return out
+
+
+class BlockOffload:
+    """Stream `model.blocks` from pinned host memory through `slots` device buffers (see module doc).
+
+    Usage: `offload = BlockOffload(model, device="cuda")` after the rest of the model is on the device
+    (blocks may be on the device or the host; they end up in pinned host memory and their device
+    copies are freed). `offload.remove()` puts every block back on the device.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device | str, *, slots: int = 2):
+        if slots < 2:
+            raise ValueError(f"BlockOffload needs at least 2 slots (one computes, one loads), got {slots}")
+        blocks = model.blocks
+        if len(blocks) < slots:
+            raise ValueError(f"BlockOffload: {len(blocks)} blocks but {slots} slots; keep them resident")
+        self.model = model
+        self.device = torch.device(device)
+        self.slots = slots
+        self.entries, self.block_bytes = _block_layout(blocks[0])
+        signature = [(e.module, e.name, e.shape, e.dtype) for e in self.entries]
+        cuda = self.device.type == "cuda"
+        self._inner = list(blocks)
+        self.host: list[torch.Tensor] = []
+        for i, block in enumerate(self._inner):
+            entries, nbytes = _block_layout(block)
+            if [(e.module, e.name, e.shape, e.dtype) for e in entries] != signature:
+                raise ValueError(f"BlockOffload: block {i} has another parameter layout than block 0")
+            buf = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=cuda)
+            for view, tensor in zip(_views(buf, entries), self._tensors(block), strict=True):
+                view.copy_(tensor.detach())
+            self.host.append(buf)
+        self.device_buffers = [
+            torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)
+        ]
+        self.slot_views = [_views(buf, self.entries) for buf in self.device_buffers]
+        for block in self._inner:  # free the original storage: point every block at slot 0 for now
+            self._bind(block, 0)
+        self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        self.ready = [torch.cuda.Event() if cuda else None for _ in range(slots)]
+        self.free = [torch.cuda.Event() if cuda else None for _ in range(slots)]
+        self.slot_block: list[int | None] = [None] * slots  # which block each slot holds
+        self._next_slot = 0
+        model.blocks = nn.ModuleList(OffloadedBlock(b, i, self) for i, b in enumerate(self._inner))
+        log.info(
+            "block offload: %d blocks x %.2f GiB in pinned host memory, %d device slots",
+            len(self._inner),
+            self.block_bytes / 2**30,
+            slots,
+        )
+
+    # --- tensor plumbing ---
+
+    def _tensors(self, block: nn.Module) -> list[torch.Tensor]:
+        out = []
+        for e in self.entries:
+            owner = block.get_submodule(e.module) if e.module else block
+            out.append(getattr(owner, e.name))
+        return out
+
+    def _bind(self, block: nn.Module, slot: int) -> None:
+        for tensor, view in zip(self._tensors(block), self.slot_views[slot], strict=True):
+            tensor.data = view
+
+    # --- scheduling ---
+
+    def _load(self, index: int, avoid: int | None) -> int:
+        """Make sure block `index` is (being) copied into a slot; returns the slot."""
+        if index in self.slot_block:
+            return self.slot_block.index(index)
+        slot = self._next_slot if self._next_slot != avoid else (self._next_slot + 1) % self.slots
+        self._next_slot = (slot + 1) % self.slots
+        if self.copy_stream is None:
+            self.device_buffers[slot].copy_(self.host[index])
+        else:
+            with torch.cuda.stream(self.copy_stream):
+                self.copy_stream.wait_event(self.free[slot])  # the slot's last user has finished
+                self.device_buffers[slot].copy_(self.host[index], non_blocking=True)
+                self.ready[slot].record(self.copy_stream)
+        self.slot_block[slot] = index
+        return slot
+
+    def before(self, index: int) -> None:
+        """Called right before block `index` runs: wait for its bytes, bind it, prefetch the next one."""
+        slot = self._load(index, avoid=None)
+        if self.copy_stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
+        self._bind(self._inner[index], slot)
+        self._current = slot
+        self._load((index + 1) % len(self._inner), avoid=slot)  # wraps to block 0 for the next call
+
+    def after(self, index: int) -> None:
+        """Called right after block `index` was enqueued: its slot is free once that work is done."""
+        if self.copy_stream is not None:
+            self.free[self._current].record(torch.cuda.current_stream(self.device))
+
+    def device_bytes(self) -> int:
+        """Device memory held for block weights (all slots)."""
+        return self.slots * self.block_bytes
+
+    def remove(self) -> None:
+        """Copy every block back into its own device tensors and unwrap the blocks."""
+        if self.copy_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+        for block, host in zip(self._inner, self.host, strict=True):
+            for tensor, view in zip(self._tensors(block), _views(host, self.entries), strict=True):
+                tensor.data = view.to(self.device, copy=True)
+        self.model.blocks = nn.ModuleList(self._inner)
+        self.host.clear()
+        self.device_buffers.clear()
+        self.slot_views.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# VAE tiling from free memory
+# ---------------------------------------------------------------------------------------------
+
+# Peak device bytes of an untiled Wan-VAE decode per output pixel of one frame, by VAE dtype (the
+# decoder works on one latent frame = 4 video frames at a time, so the peak scales with H*W only).
+# Measured with benchmarks/bench_speed.py on an H200 (480P, 81 frames); see benchmarks/RESULTS.md.
+VAE_DECODE_BYTES_PER_PIXEL = {torch.float32: 16_000, torch.bfloat16: 8_000}
+
+
+def free_device_memory(device: torch.device | str) -> int:
+    """Bytes a new allocation can still get on `device`: free driver memory + the allocator's cached
+    blocks, capped by `torch.cuda.set_per_process_memory_fraction`."""
+    device = torch.device(device)
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = torch.cuda.memory_reserved(device)
+    allocated = torch.cuda.memory_allocated(device)
+    available = free + reserved - allocated
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:
+        available = min(available, int(fraction(device) * total) - allocated)
+    return max(available, 0)
+
+
+def vae_tiling_for(
+    height: int,
+    width: int,
+    free_bytes: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    headroom: float = 0.8,
+    overlap: int = 64,
+) -> TileSpec | None:
+    """Tiling for decoding (height x width)-pixel frames within `free_bytes`; None when untiled fits.
+
+    The tile is the largest multiple of 64 px whose estimated peak fits in `headroom * free_bytes`;
+    neighbouring tiles overlap by `overlap` px (blended).
+    """
+    per_pixel = VAE_DECODE_BYTES_PER_PIXEL.get(dtype, VAE_DECODE_BYTES_PER_PIXEL[torch.float32])
+    budget = headroom * free_bytes
+    if height * width * per_pixel <= budget:
+        return None
+    side = int(math.sqrt(budget / per_pixel)) // 64 * 64
+    if side <= overlap:
+        raise MemoryError(
+            f"VAE decode of {height}x{width} needs tiles smaller than {overlap + 64}px to fit "
+            f"{free_bytes / 2**30:.2f} GiB free"
+        )
+    side = min(side, max(height, width))
+    return TileSpec(tile=side, stride=side - overlap)
