@@ -246,7 +246,8 @@ class SequenceParallel:
         use_cuda = torch.cuda.is_available() if backend is None else backend == "nccl"
         backend = backend or ("nccl" if use_cuda else "gloo")
         if world == 1 and not dist.is_initialized():
-            return cls(device=torch.device("cuda", 0) if use_cuda else "cpu")
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            return cls(device=torch.device("cuda", local) if use_cuda else "cpu")
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing and not dist.is_initialized():
             raise RuntimeError(f"SequenceParallel.init_from_env: WORLD_SIZE={world} but {missing} not set")

@@ -9,6 +9,7 @@ output as rank 0.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from model.parallel import (
     SequenceParallel,
     ShotWorker,
     ShotWorkerError,
+    UlyssesShard,
     balanced_shares,
 )
 from tests.parity.common import rel_err
@@ -179,6 +181,21 @@ def test_balanced_shares_cover_and_differ_by_at_most_one(total, parts_):
     shares = balanced_shares(total, parts_)
     assert sum(shares) == total and len(shares) == parts_
     assert max(shares) - min(shares) <= 1 and list(shares) == sorted(shares, reverse=True)
+
+
+def test_ranks_own_whole_contiguous_frames():
+    """21 latent frames of 30x52 tokens on 4 ranks: frames 6/5/5/5, token ranges back to back."""
+    frame_tokens = 30 * 52
+    x = torch.arange(21 * frame_tokens)[None]  # (1, L) token ids
+    pieces = []
+    for rank in range(4):
+        sp = SimpleNamespace(group=object(), rank=rank, world_size=4, writer_global_rank=0)
+        shard = UlyssesShard(sp, 21, frame_tokens)
+        assert shard.token_counts == [6 * frame_tokens] + [5 * frame_tokens] * 3
+        assert shard.frames(torch.arange(21), 0).tolist() == list(range(shard.frame_start, shard.frame_stop))
+        pieces.append(shard.tokens(x, dim=1))
+        assert pieces[-1][0, 0] % frame_tokens == 0  # starts at a frame boundary
+    assert torch.equal(torch.cat(pieces, dim=1), x)
 
 
 def test_single_process_is_the_identity_hook(parts, monkeypatch):
