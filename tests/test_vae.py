@@ -1,8 +1,9 @@
 """Wan VAE: causal streaming cache, shapes, errors, tiling (tiny golden weights, CPU float32).
 
-Measured tiling error (tiny random-weight VAE, smooth 5x96x160 video / smooth 2x12x20 latent,
-relative to the untiled result, mean |diff| / mean |ref|): encode 3.7e-2 at 96/64 px tiles and
-2.1e-2 at 128/96; decode 2.6e-1 and 1.3e-1. The mid-block self-attention spans the whole frame and
+Measured tiling error (tiny random-weight VAE, smooth inputs, relative to the untiled result,
+mean |diff| / mean |ref|), 96/64 px tiles vs 128/96: single 96x160 frame, encode 5.0e-2 / 1.9e-2,
+decode 2.0e-1 / 1.3e-1; 5-frame 96x160 video (2 latent frames), encode 3.7e-2 / 2.1e-2, decode
+2.6e-1 / 1.3e-1. The mid-block self-attention spans the whole frame and
 tiles zero-pad at their borders, so tiling is never exact; random weights overstate the error.
 """
 
@@ -135,8 +136,8 @@ def test_blend_weights_are_a_partition_of_unity():
 
 
 def test_tiled_close_to_untiled_on_smooth_input(vae):
-    video = torch.tanh(_smooth((1, 3, 5, 96, 160), 0, 16))
-    z = _smooth((1, 16, 2, 12, 20), 1, 4)
+    video = torch.tanh(_smooth((1, 3, 1, 96, 160), 0, 16))  # one frame keeps the test fast
+    z = _smooth((1, 16, 1, 12, 20), 1, 4)
     lat, dec = vae.encode(video), vae.decode(z, clamp=False)
     one = TileSpec(160, 160)  # a single tile is the untiled computation
     assert _rel(vae.encode(video, tiling=one), lat) == 0
@@ -146,9 +147,9 @@ def test_tiled_close_to_untiled_on_smooth_input(vae):
         dec_t = vae.decode(z, tiling=spec, clamp=False)
         assert enc_t.shape == lat.shape and dec_t.shape == dec.shape
         errors[spec.tile] = (_mean_rel(enc_t, lat), _mean_rel(dec_t, dec))
-    # measured (see module docstring): encode 3.7e-2 / 2.1e-2, decode 2.6e-1 / 1.3e-1
-    assert errors[96][0] < 0.06 and errors[128][0] < 0.035
-    assert errors[96][1] < 0.4 and errors[128][1] < 0.2
+    # measured (see module docstring): encode 5.0e-2 / 1.9e-2, decode 2.0e-1 / 1.3e-1
+    assert errors[96][0] < 0.07 and errors[128][0] < 0.03
+    assert errors[96][1] < 0.3 and errors[128][1] < 0.2
     assert errors[128][0] < errors[96][0] and errors[128][1] < errors[96][1]  # more overlap, less error
 
 
