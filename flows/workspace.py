@@ -7,8 +7,9 @@ A workspace is keyed by what determines the result:
   changes the key (an in-place edit of the middle that keeps size and mtime would not: accepted);
   other inputs the shots depend on (the dubbed dialogue track) are fingerprinted the same way;
 * a hash of the pipeline config (canonical JSON of its semantic fields);
-* the code version: the ``dubflow`` package version plus ``git describe --always --dirty`` when the
-  checkout is a git repository (``DUBFLOW_CODE_VERSION`` pins it instead).
+* the code version: the ``dubflow`` package version plus a hash of the Python code that makes shots
+  (``flows/``, ``tasks/``, ``model/``), so commits touching only docs, tests or benchmarks keep
+  workspaces valid (``DUBFLOW_CODE_VERSION`` pins it instead, e.g. a release name on a cluster).
 
 Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
 
@@ -34,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -50,6 +50,7 @@ MANIFEST = "workspace.json"
 DONE = "done.json"
 FAILED = "failed.json"
 _PROJECT_DIR = Path(__file__).resolve().parent.parent
+CODE_PACKAGES = ("flows", "tasks", "model")  # the code a shot's pixels depend on (see code_version)
 
 
 class WorkspaceError(RuntimeError):
@@ -136,10 +137,10 @@ def config_hash(config: Any, *, exclude: Iterable[str] = ()) -> str:
 
 
 def code_version(project_dir: str | os.PathLike[str] | None = None) -> str:
-    """``<package version>+<git describe --always --dirty>``, or just the version outside git.
+    """``<package version>+code.<hash of flows/ tasks/ model/ *.py>``, or just the version without them.
 
-    ``DUBFLOW_CODE_VERSION`` pins it (e.g. a release name on a cluster): any new commit changes
-    ``git describe``, and with it every workspace key, even a commit that touches only docs.
+    ``DUBFLOW_CODE_VERSION`` pins it. The hash covers file paths and contents, not git metadata: any
+    commit changed ``git describe`` (and with it every workspace key), even one touching only docs.
     """
     pinned = os.environ.get("DUBFLOW_CODE_VERSION", "").strip()
     if pinned:
@@ -148,18 +149,23 @@ def code_version(project_dir: str | os.PathLike[str] | None = None) -> str:
         version = metadata.version("dubflow")
     except metadata.PackageNotFoundError:
         version = "0+unknown"
-    try:
-        described = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--tags"],
-            cwd=project_dir or _PROJECT_DIR,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    root = Path(project_dir or _PROJECT_DIR)
+    files = sorted(
+        path
+        for package in CODE_PACKAGES
+        for path in (root / package).rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
+    if not files:
         return version
-    return f"{version}+{described}" if described else version
+    digest = hashlib.sha256()
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise WorkspaceError(f"{path}: cannot read for the code version ({exc.strerror or exc})") from exc
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + data + b"\0")
+    return f"{version}+code.{digest.hexdigest()[:12]}"
 
 
 def workspace_key(film: str | os.PathLike[str], fingerprint: str, config_digest: str, version: str) -> str:

@@ -90,6 +90,26 @@ class WorkspaceConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """GPU-time model that sizes shot groups (`flows.groups.GpuCost`): one group pays `model_load_s` once."""
+
+    steps: int
+    calls_per_step: int
+    s_per_forward: float
+    chunk_overhead_s: float
+    model_load_s: float
+    max_load_share: float
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Fault injection for tests and demos: shots in `fail_shots` fail half-way (once, or every time)."""
+
+    fail_shots: tuple[int, ...]
+    fail_once: bool
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     probe: ProbeConfig
     shots: ShotsConfig
@@ -100,6 +120,8 @@ class PipelineConfig:
     encode: EncodeConfig
     backend: BackendConfig
     workspace: WorkspaceConfig
+    cost: CostConfig
+    debug: DebugConfig
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,6 +152,11 @@ def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _validate_value(inner[0], value, where, key)
+    if origin is tuple:  # tuple[X, ...]: a YAML/JSON list of X
+        if not isinstance(value, list | tuple):
+            raise ConfigError(where, f"{key}: expected a list, got {value!r}")
+        item = typing.get_args(tp)[0]
+        return tuple(_validate_value(item, v, where, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, f"{key}: expected a mapping, got {value!r}")

@@ -131,7 +131,8 @@ def test_dry_run_keeps_count_rate_rotation_aspect(tmp_path: Path, name: str, cap
     out = tmp_path / "out" / f"{Path(name).stem}.mp4"
     before = sha256(src)
     rc = main(["dub", str(src), "--audio", str(dub), "--out", str(out), "--backend", "passthrough", "--no-prefect",
-               "--set", f"workspace.root={tmp_path / 'ws'}", "--set", "encode.preset=veryfast"])  # fmt: skip
+               "--set", f"workspace.root={tmp_path / 'ws'}", "--set", "encode.preset=veryfast",
+               "--set", "workspace.keep=false"])  # fmt: skip
     assert rc == 0 and capsys.readouterr().out.strip() == str(out)
     o = probe(out)
     assert (o.frame_count, o.rotation, o.dar) == (info.frame_count, info.rotation, info.dar)

@@ -111,18 +111,28 @@ def test_config_hash_is_canonical_and_honours_exclude():
         config_hash([1, 2])
 
 
-def test_code_version_is_package_version_plus_git_describe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_code_version_hashes_the_shot_code_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("DUBFLOW_CODE_VERSION", raising=False)
     version = metadata.version("dubflow")
-    repo = Path(__file__).resolve().parent.parent
-    described = subprocess.run(
-        ["git", "describe", "--always", "--dirty", "--tags"], cwd=repo, capture_output=True, text=True
-    ).stdout.strip()
-    if described:
-        assert code_version(repo) == f"{version}+{described}"
-    assert code_version(tmp_path) == version  # not a git checkout
+    assert code_version(tmp_path) == version  # no flows/ tasks/ model/ code here
+    for package in ("flows", "tasks", "model"):
+        (tmp_path / package / "sub").mkdir(parents=True)
+        (tmp_path / package / "sub" / "m.py").write_text(f"X = '{package}'\n")
+    first = code_version(tmp_path)
+    assert first.startswith(f"{version}+code.") and first != version
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.py").write_text("changed = True\n")  # not shot code
+    (tmp_path / "tasks" / "sub" / "data.yaml").write_text("a: 1\n")  # not Python
+    (tmp_path / "tasks" / "sub" / "__pycache__").mkdir()
+    (tmp_path / "tasks" / "sub" / "__pycache__" / "m.py").write_text("bytecode = 1\n")
+    assert code_version(tmp_path) == first
+    (tmp_path / "model" / "sub" / "m.py").write_text("X = 'changed'\n")
+    changed = code_version(tmp_path)
+    assert changed != first
+    (tmp_path / "model" / "sub" / "m.py").rename(tmp_path / "model" / "sub" / "n.py")  # paths count too
+    assert code_version(tmp_path) not in (first, changed)
     monkeypatch.setenv("DUBFLOW_CODE_VERSION", "release-7")
-    assert code_version(repo) == "release-7"
+    assert code_version(tmp_path) == "release-7"
 
 
 def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
