@@ -110,6 +110,70 @@ class DebugConfig:
 
 
 @dataclass(frozen=True)
+class InfiniteTalkConfig:
+    """The InfiniteTalk backend: weights, precision, sampling (`backend.options` may override any key)."""
+
+    weights: str | None  # weights root in the official layout; None = tiny random weights (pipeline check)
+    mode: Literal["tiny", "infinitetalk-480", "infinitetalk-720"]
+    device: str  # auto | cpu | cuda | cuda:N
+    dtype: Literal["bfloat16", "float16", "float32"]
+    quant: Literal["none", "fp8", "int8"]
+    loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
+    t5_cpu: bool
+    prompt: str
+    negative_prompt: str
+    steps: int | None  # None: the mode's preset
+    shift: float | None
+    text_guide_scale: float
+    audio_guide_scale: float
+    use_apg: bool
+    apg_momentum: float
+    apg_norm_threshold: float
+    teacache: float | None  # TeaCache threshold; None = off
+    denoise_strength: float
+    seed: int
+    batch_branches: bool
+    profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
+
+
+@dataclass(frozen=True)
+class RegionSettings:
+    """Which part of a shot is dubbed (see `tasks.region.RegionConfig`)."""
+
+    mode: Literal["region", "full"]
+    motion: Literal["auto", "static", "follow"]
+    feather_px: int
+    expand_w: float
+    expand_h: float
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Which shots are dubbed: speech in the dub slice + a face (`auto`), `all` or `none`; per-shot overrides."""
+
+    policy: Literal["auto", "all", "none"]
+    require_face: bool
+    overrides: dict[str, Any]  # {shot index: dub | skip}
+
+
+@dataclass(frozen=True)
+class QcSettings:
+    """Per dubbed shot: side-by-side preview + contact sheet in the run workspace."""
+
+    enabled: bool
+    height: int
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """Benchmark figures behind `dubflow estimate` (seconds; None = not measured)."""
+
+    dit_forward_s: dict[str, Any]  # {mode: {precision: s per DiT forward of a full chunk}}
+    vae_chunk_s: dict[str, Any]  # {mode: s of VAE work per full chunk}
+    load_s: dict[str, Any]  # {mode: s to load the models}
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     probe: ProbeConfig
     shots: ShotsConfig
@@ -122,6 +186,11 @@ class PipelineConfig:
     workspace: WorkspaceConfig
     cost: CostConfig
     debug: DebugConfig
+    infinitetalk: InfiniteTalkConfig
+    region: RegionSettings
+    gate: GateConfig
+    qc: QcSettings
+    estimate: EstimateConfig
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
