@@ -10,21 +10,33 @@ each chunk `state()` may return something picklable (e.g. motion latents) that t
 checkpoints, so a restarted shot resumes at the next chunk.
 
 Backends are looked up by name in `BACKENDS` ("module:attribute" strings, imported lazily so
-asking for `passthrough` never imports the model).
+asking for `passthrough` never imports the model). A factory that takes a `config` keyword also gets
+the whole `PipelineConfig`.
+
+Optional gating (`GatingBackend`): a backend with `prepare_shot` decides per shot, before any chunk,
+whether the shot is dubbed at all (`ShotDecision`: speech in the dub slice, a face, policy); the
+renderer persists that decision with the chunk checkpoints, copies skipped shots through untouched
+and hands the decision and the film-level `ShotContext` (run workspace, dialogue track) to
+`open_shot`.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tasks.audio import DialogueTrack
+from tasks.config import PipelineConfig
 from tasks.errors import ConfigError
 from tasks.frames import ModelGeometry
 from tasks.plan import ChunkPlan, ShotPlan
+from tasks.probe import VideoInfo
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +103,59 @@ class _PassthroughSession:
         pass
 
 
+@dataclass(frozen=True)
+class ShotContext:
+    """Film-level facts for backends that gate shots or keep per-film caches (records and paths only)."""
+
+    work_dir: Path  # the run's work dir: per-film caches under work_dir/film, QC under work_dir/qc
+    video: VideoInfo
+    dialogue: DialogueTrack
+    audio_range: tuple[int, int]  # the shot's samples in the dialogue track
+    config: PipelineConfig
+
+
+@dataclass(frozen=True)
+class ShotDecision:
+    """Whether a shot is dubbed, why (shown in the shot table), and JSON details (speech, region plan)."""
+
+    dub: bool
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dub": self.dub, "reason": self.reason, "details": self.details}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShotDecision:
+        return cls(bool(d["dub"]), str(d["reason"]), dict(d.get("details") or {}))
+
+
+@runtime_checkable
+class GatingBackend(Backend, Protocol):
+    """A backend that decides per shot whether to dub it (see the module docstring)."""
+
+    def prepare_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        context: ShotContext,
+    ) -> ShotDecision: ...
+
+    def open_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        *,
+        resume_state: Any | None = None,
+        decision: ShotDecision | None = None,
+        context: ShotContext | None = None,
+    ) -> ShotSession: ...
+
+
 class PassthroughBackend:
     """Dry run: returns the source frames through the same chunk/reference/assemble path.
 
@@ -104,6 +169,7 @@ class PassthroughBackend:
     """
 
     name = "passthrough"
+    dubs = False  # shot results say "not dubbed" (a dry run)
 
     def __init__(self, options: dict[str, Any]):
         unknown = set(options) - {"via_model", "color"}
@@ -130,12 +196,14 @@ class PassthroughBackend:
 
 BACKENDS: dict[str, str] = {
     "passthrough": "tasks.backend:PassthroughBackend",
-    "infinitetalk": "model.backend:InfiniteTalkBackend",
+    "infinitetalk": "tasks.infinitetalk:InfiniteTalkBackend",
 }
 
 
-def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
-    """Instantiate the backend registered under `name` with its options dict."""
+def get_backend(
+    name: str, options: dict[str, Any] | None = None, *, config: PipelineConfig | None = None
+) -> Backend:
+    """Instantiate the backend registered under `name` with its options dict (and `config`, if it takes one)."""
     if name not in BACKENDS:
         raise ConfigError("backend.name", f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
     module_name, attr = BACKENDS[name].split(":")
@@ -145,4 +213,6 @@ def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
         raise ConfigError(
             "backend.name", f"backend {name!r} is not available ({BACKENDS[name]}: {ex})"
         ) from ex
+    if config is not None and "config" in inspect.signature(factory).parameters:
+        return factory(dict(options or {}), config=config)
     return factory(dict(options or {}))

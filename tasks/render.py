@@ -4,15 +4,26 @@
 an orchestrator can ship it to any worker. Per chunk it writes a lossless FFV1 segment plus the
 backend's state; a restarted shot skips the chunks already written. At the end the segments are
 joined (stream copy) into the shot's intermediate, atomically.
+
+`render_shot_result(job)` does the same and returns a JSON-ready `ShotResult` dict for the flow:
+`{"index", "path", "dubbed", "reason", "chunks", "chunks_resumed", "backend", "tiny", "timings_s",
+"qc"}`. With a gating backend (`prepare_shot`) the shot's dub decision is taken first and kept next
+to the chunk checkpoints; a shot the gate skips is copied through untouched (no model call). Every
+dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a contact sheet under
+`<work dir>/qc/`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import shutil
-from collections.abc import Callable
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +33,13 @@ import torch
 
 from tasks import ffmpeg
 from tasks.audio import DialogueTrack, read_samples
-from tasks.backend import ChunkInput, get_backend
+from tasks.backend import ChunkInput, ShotContext, ShotDecision, get_backend
 from tasks.color import match_and_blend
 from tasks.config import PipelineConfig
 from tasks.errors import DecodeError, MediaError
-from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, read_frames
+from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, iter_frames, read_frames
 from tasks.plan import ShotPlan
-from tasks.probe import VideoInfo
+from tasks.probe import VideoInfo, probe
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,7 @@ class ShotJob:
     audio_range: tuple[int, int]  # the shot's samples in the dialogue track
     out_path: str  # the shot's lossless intermediate (.mkv)
     config: dict[str, Any]  # PipelineConfig.to_dict()
+    work_dir: str | None = None  # the run's work dir (per-film caches, QC); None: out_path's folder
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,24 +127,105 @@ def _quote(p: Path) -> str:
     return "'" + str(p.resolve()).replace("'", "'\\''") + "'"
 
 
+class _Timer:
+    """Wall-clock seconds per named stage of one shot."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - t0
+
+    def add(self, other: dict[str, float]) -> None:
+        for k, v in other.items():
+            self.totals[k] += v
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.totals.items()}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = atomic_temp(path)
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
+    """Write the shot's decoded source frames unchanged into its lossless intermediate."""
+    with LosslessWriter(out, (info.height, info.width), info.fps) as w:
+        for frame in iter_frames(info, plan.start_frame, plan.end_frame):
+            w.write(frame)
+
+
+def write_shot_qc(
+    info: VideoInfo,
+    plan: ShotPlan,
+    rendered: Path,
+    qc_dir: Path,
+    shot_audio: np.ndarray,
+    sample_rate: int,
+    height: int,
+) -> dict[str, str]:
+    """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot."""
+    import soundfile as sf  # noqa: PLC0415
+
+    from tasks.qc import QcConfig, write_qc  # noqa: PLC0415 (cv2 only when QC is written)
+
+    stem = f"shot_{plan.shot_index:04d}"
+    dubbed = probe(rendered, frame_count="packets")
+    wav = atomic_temp(qc_dir / f"{stem}.wav")
+    try:
+        sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
+        result = write_qc(
+            iter_frames(info, plan.start_frame, plan.end_frame),
+            iter_frames(dubbed, 0, plan.num_frames),
+            qc_dir,
+            stem,
+            QcConfig(height=height, fps=float(info.fps)),
+            num_frames=plan.num_frames,
+            audio=wav,
+        )
+    finally:
+        wav.unlink(missing_ok=True)
+    return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
+
+
 def render_shot(
     job: ShotJob | dict[str, Any],
     *,
     on_progress: Callable[[float], None] | None = None,
     backend: Any | None = None,
 ) -> str:
-    """Render one shot to its lossless intermediate; return its path.
+    """Render one shot to its lossless intermediate; return its path (see `render_shot_result`)."""
+    return render_shot_result(job, on_progress=on_progress, backend=backend)["path"]
+
+
+def render_shot_result(
+    job: ShotJob | dict[str, Any],
+    *,
+    on_progress: Callable[[float], None] | None = None,
+    backend: Any | None = None,
+) -> dict[str, Any]:
+    """Render one shot to its lossless intermediate; return its JSON-ready `ShotResult` dict.
 
     `on_progress(fraction)` is called after every chunk (0 < fraction <= 1). `backend` overrides
     the configured one (an already-built Backend instance, e.g. with a loaded model).
     """
+    t_start = time.perf_counter()
+    timer = _Timer()
     job = ShotJob.from_dict(job) if isinstance(job, dict) else job
     cfg = PipelineConfig.from_dict(job.config)
     info = VideoInfo.from_dict(job.video)
     plan = ShotPlan.from_dict(job.plan)
     track = DialogueTrack.from_dict(job.dialogue)
     out = Path(job.out_path)
-    backend = backend or get_backend(cfg.backend.name, cfg.backend.options)
+    work_dir = Path(job.work_dir) if job.work_dir else out.parent
+    backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
     a0, a1 = job.audio_range
     shot_audio = read_samples(track, a0, a1)  # (S, C) float32
@@ -142,7 +235,49 @@ def render_shot(
     segments = [seg_dir / f"chunk_{c.index:04d}.mkv" for c in plan.chunks]
     states = [seg_dir / f"state_{c.index:04d}.pkl" for c in plan.chunks]
 
-    # resume after the last chunk marked done (segment + state written before the marker)
+    # 1. the dub decision (gating backends), taken once and kept with the checkpoints
+    context = ShotContext(work_dir, info, track, (a0, a1), cfg)
+    decision: ShotDecision | None = None
+    if callable(getattr(backend, "prepare_shot", None)):
+        decision_file = seg_dir / "decision.json"
+        if decision_file.exists():
+            decision = ShotDecision.from_dict(json.loads(decision_file.read_text()))
+        else:
+            with timer("gate"):
+                decision = backend.prepare_shot(plan, geometry, shot_audio, track.sample_rate, context)
+            _write_json(decision_file, decision.to_dict())
+    dubs = bool(getattr(backend, "dubs", True))
+    if decision is not None:
+        dubbed, reason = decision.dub, decision.reason
+    elif dubs:
+        dubbed, reason = True, f"backend {backend.name}"
+    else:
+        dubbed, reason = False, f"{backend.name} backend: dry run, not dubbed"
+    result: dict[str, Any] = {
+        "index": plan.shot_index,
+        "path": str(out),
+        "dubbed": dubbed,
+        "reason": reason,
+        "chunks": len(plan.chunks),
+        "chunks_resumed": 0,
+        "backend": backend.name,
+        "tiny": bool(getattr(backend, "tiny", False)),
+        "timings_s": {},
+        "qc": None,
+    }
+    if decision is not None and not decision.dub:
+        log.info("shot %04d: not dubbed (%s): copying %d frames", plan.shot_index, reason, plan.num_frames)
+        with timer("copy"):
+            _copy_through(info, plan, out)
+        shutil.rmtree(seg_dir, ignore_errors=True)
+        if on_progress:
+            on_progress(1.0)
+        result["chunks"] = 0
+        timer.totals["total"] = time.perf_counter() - t_start
+        result["timings_s"] = timer.rounded()
+        return result
+
+    # 2. resume after the last chunk marked done (segment + state written before the marker)
     done = [seg_dir / f"chunk_{c.index:04d}.done" for c in plan.chunks]
     first = 0
     while first < len(plan.chunks) and done[first].exists():
@@ -150,7 +285,11 @@ def render_shot(
     resume_state = None
     if first > 0 and states[first - 1].exists():
         resume_state = pickle.loads(states[first - 1].read_bytes())
+    result["chunks_resumed"] = first
+    if first:
+        log.info("shot %04d: resuming at chunk %d/%d", plan.shot_index, first + 1, len(plan.chunks))
 
+    # 3. the chunks
     s0 = plan.start_frame
     todo = plan.chunks[first:]
     if todo:
@@ -158,48 +297,71 @@ def render_shot(
         start = min(min(c.ref_frame, c.src_start) for c in todo)
         lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
         cursor = FrameCursor(info, s0 + start, plan.end_frame, lookback=lookback)
-        first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
-        session = backend.open_shot(plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state)
+        with timer("decode"):
+            first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
+        extra = {"decision": decision, "context": context} if decision is not None else {}
+        with timer("open"):
+            session = backend.open_shot(
+                plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state, **extra
+            )
         try:
             for c in todo:
-                frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
-                ref = cursor.get(s0 + c.ref_frame)
-                if shot_first:
-                    first_frame = cursor.get(s0) if first_frame is None else first_frame
+                with timer("decode"):
+                    frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
+                    ref = cursor.get(s0 + c.ref_frame)
+                    if shot_first:
+                        first_frame = cursor.get(s0) if first_frame is None else first_frame
                 color_ref = first_frame if shot_first else ref
                 window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
                 inp = ChunkInput(c, frames, ref, window, track.sample_rate)
-                result = session.dub_chunk(inp)
+                with timer("backend"):
+                    chunk_out = session.dub_chunk(inp)
                 n_out = c.src_end - c.src_start
-                if result.shape != (n_out, info.height, info.width, 3) or result.dtype != np.uint8:
+                if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
                     raise MediaError(
                         info.path,
-                        f"backend {backend.name} returned {result.shape} {result.dtype} for chunk {c.index} of shot "
-                        f"{plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
+                        f"backend {backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
+                        f"of shot {plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
                     )
                 if not backend.applies_color:
-                    result = color_correct(result, color_ref, cfg.color.strength)
-                if n_out:
-                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
-                        w.write(result)
-                st = session.state()
-                if st is not None:
-                    tmp = atomic_temp(states[c.index])
-                    tmp.write_bytes(pickle.dumps(st))
-                    os.replace(tmp, states[c.index])
-                done[c.index].touch()
+                    with timer("colour"):
+                        chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
+                with timer("encode"):
+                    if n_out:
+                        with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
+                            w.write(chunk_out)
+                    st = session.state()
+                    if st is not None:
+                        tmp = atomic_temp(states[c.index])
+                        tmp.write_bytes(pickle.dumps(st))
+                        os.replace(tmp, states[c.index])
+                    done[c.index].touch()
+                    if c.index > 0:  # only the newest state is ever resumed from
+                        states[c.index - 1].unlink(missing_ok=True)
                 if on_progress:
                     on_progress((c.index + 1) / len(plan.chunks))
         finally:
             session.close()
             cursor.close()
+        session_timings = getattr(session, "timings", None)
+        if callable(session_timings):
+            timer.add(session_timings())
     elif on_progress:
         on_progress(1.0)
 
+    # 4. join, QC
     written = [s for c, s in zip(plan.chunks, segments, strict=True) if c.src_end > c.src_start]
     if not written:
         raise DecodeError(info.path, f"shot {plan.shot_index} produced no frames")
-    _concat_copy(written, out, seg_dir)
+    with timer("join"):
+        _concat_copy(written, out, seg_dir)
     shutil.rmtree(seg_dir, ignore_errors=True)
-    log.info("shot %04d: %d frames -> %s", plan.shot_index, plan.num_frames, out)
-    return str(out)
+    if dubbed and cfg.qc.enabled:
+        with timer("qc"):
+            result["qc"] = write_shot_qc(
+                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height
+            )
+    timer.totals["total"] = time.perf_counter() - t_start
+    result["timings_s"] = timer.rounded()
+    log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, reason)
+    return result
