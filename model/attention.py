@@ -13,6 +13,7 @@ None), so the DiT passes no mask; `k_lens` exists for callers that do want key-l
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -79,6 +80,17 @@ def _sdpa_auto(q, k, v, mask, scale):
     """SDPA with the kernel priority cuDNN > flash > memory-efficient > math (traceable by dynamo)."""
     with sdpa_kernel(_PRIORITY, set_priority=True):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def attention_context(backend: str) -> contextlib.AbstractContextManager:
+    """Context for a region of attention calls (e.g. the DiT's block loop) under `backend`.
+
+    For `auto` it sets the SDPA kernel priority around the whole region, so that `torch.compile`,
+    which picks the SDPA kernel while it traces a compiled block, sees cuDNN first too.
+    """
+    if backend == "auto":
+        return sdpa_kernel(_PRIORITY, set_priority=True)
+    return contextlib.nullcontext()
 
 
 @register_attention_backend("reference")

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attention
+from model.attention import attention, attention_context
 from model.audio_proj import AudioProjModel
 from model.config import DiTConfig
 from model.parallel import LOCAL_SHARD, SequenceParallel, TokenShard
@@ -568,18 +568,19 @@ class InfiniteTalkDiT(nn.Module):
         compute = True if teacache is None else shard.agree(teacache.should_compute(branch, e, e0))
         if compute:
             start = tokens
-            for block in self.blocks:
-                tokens = block(
-                    tokens,
-                    e0,
-                    rope_cos,
-                    rope_sin,
-                    context_img,
-                    context_text,
-                    groups,
-                    self.attn_backend,
-                    shard,
-                )
+            with attention_context(self.attn_backend):  # SDPA kernel priority, also while compiling
+                for block in self.blocks:
+                    tokens = block(
+                        tokens,
+                        e0,
+                        rope_cos,
+                        rope_sin,
+                        context_img,
+                        context_text,
+                        groups,
+                        self.attn_backend,
+                        shard,
+                    )
             if teacache is not None:
                 teacache.store_residual(branch, tokens - start)
         else:
