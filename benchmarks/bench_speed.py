@@ -541,6 +541,7 @@ class Run:
         r = self.clock.time(lambda: self.forward(inp), warmup=0, repeats=self.repeats)
         self.row("fp8 compiled", "480p", r["seconds"], self.floor("480p"), r["peak_gib"], compile_s=compile_s)
         out["compiled"] = {**r, "compile_s": compile_s}
+        self.state["fp8_out"] = res.float().cpu()
         out["drift_vs_bf16_compiled"] = rel_err(res.float().cpu(), self.state["bf16_out"])
         out["drift_vs_bf16_eager"] = rel_err(res.float().cpu(), self.state["eager_out"])
         out["bf16_compiled_vs_eager"] = rel_err(self.state["bf16_out"], self.state["eager_out"])
@@ -567,12 +568,16 @@ class Run:
             out["h2d_gb_s"] = off.block_bytes / (a.elapsed_time(b) / 1e3) / 1e9
             out["resident_gib_after_offload"] = torch.cuda.memory_allocated() / GIB
         g0 = compiled_graph_count()
+        keep: dict = {}
         try:
-            r = self.clock.time(lambda: self.forward(inp), warmup=1, repeats=self.repeats)
+            r = self.clock.time(lambda: self.forward(inp), warmup=1, repeats=self.repeats, keep=keep)
         finally:
             if self.cuda:
                 torch.cuda.set_per_process_memory_fraction(1.0)
         out["recompiles"] = compiled_graph_count() - g0
+        if "fp8_out" in self.state:
+            out["vs_resident_fp8"] = rel_err(keep["out"].float().cpu(), self.state["fp8_out"])
+            self.log(f"offload vs resident {out['vs_resident_fp8']}")
         self.row(
             f"fp8 compiled + block offload ({cap_gib:.0f} GiB cap)", "480p", r["seconds"], self.floor("480p"),
             r["peak_gib"], h2d_gb_s=out.get("h2d_gb_s"),
@@ -834,7 +839,7 @@ def table(run: Run) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU smoke run of every section with the tiny model")
-    p.add_argument("--budget-s", type=float, default=450.0, help="skip sections that would run past this")
+    p.add_argument("--budget-s", type=float, default=420.0, help="skip sections that would run past this")
     p.add_argument("--only", nargs="*", default=None, help="run only these sections")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--md", type=Path, default=None, help="write the table (markdown) here")
