@@ -1,0 +1,939 @@
+"""The InfiniteTalk backend: decide which shots to dub, then dub a face crop of each chunk by chunk.
+
+Per shot (`tasks.render.render_shot_result` drives it through the `GatingBackend` protocol):
+
+1. `prepare_shot` — the gate. Speech in the dub track's slice (`tasks.speech.detect_speech`), then a face
+   track over sampled frames in display orientation (`tasks.region`), then `tasks.gate.decide_dub` (policy
+   `auto|all|none`, per-shot overrides). A shot that is not dubbed is copied through by the renderer; the
+   model is never touched for it.
+2. `open_shot` — models and per-film inputs. Components come from `RESIDENT` (loaded once per worker
+   process, see `ResidentModels`); the prompt embedding (umT5) and the dub track's audio features
+   (wav2vec2, windowed, 25 fps) are computed once per *film* and kept as safetensors files in the run's
+   work dir (`film/`), written atomically under a file lock, so every shot on every worker reuses them.
+3. `dub_chunk` — one `model.sampler.stream_generate` chunk: the chunk's sliding reference frame and the
+   shot's frames are cropped to the region plan's box (or the official full-frame resize + centre crop,
+   `region.mode: full`), generated at the model's bucket on the 25 fps timeline, colour-matched to the
+   chunk's reference, conformed back to the source frames (`ShotPlan.conform_indices`) and blended into
+   the source frames with a feathered border (pixels outside the box stay bit-identical). `state()`
+   returns the sampler's `StreamState` (motion frames, RNG, colour reference) for the renderer's
+   per-chunk checkpoint, so a killed worker resumes at the next chunk with identical results.
+
+Audio alignment: feature frame i of the film sits at time `i * period` (`FeatureTimeline`; the period is
+1/25 s up to the official align-corners stretch); a shot starting at source frame s uses the feature
+frames from `FeatureTimeline.nearest(s / fps)` on, so model frame k is conditioned on feature frame
+`offset + k` (tests/test_lipsync_timeline.py bounds the error by one source frame).
+
+Tiny mode (`infinitetalk.weights: null`): a tiny random weights root is written once under
+`<workspace.root>/.cache` and run at 1/16 of the bucket with few steps. Every log line, every shot
+reason and every dubbed frame says so: it is a pipeline check, not a dubbing result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import gc
+import hashlib
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tasks.backend import ChunkInput, ShotContext, ShotDecision
+from tasks.config import GateConfig, InfiniteTalkConfig, PipelineConfig, load_config
+from tasks.errors import ConfigError, MediaError
+from tasks.frames import CropGeometry, ModelGeometry, atomic_temp, iter_frames, read_frames
+from tasks.gate import decide_dub
+from tasks.plan import ShotPlan, source_frame_at
+from tasks.region import Box, RegionConfig, RegionPlan
+from tasks.speech import detect_speech
+
+if TYPE_CHECKING:
+    import torch
+
+    from model.loading import LoadSpec
+
+log = logging.getLogger(__name__)
+
+TINY_BANNER = "tiny random weights: pipeline check, not a dubbing result"
+TINY_LABEL = "TINY RANDOM WEIGHTS - NOT A DUB"
+TINY_SCALE = 16  # tiny mode generates at 1/16 of the bucket (sides rounded to multiples of 16)
+TINY_WEIGHTS_SEED = 0
+MODEL_FPS = 25
+WAV2VEC_RATE = 16000
+STATE_FORMAT = 1
+
+
+# ------------------------------------------------------------------------------------------ options
+
+
+def resolve_options(cfg: PipelineConfig, overrides: Mapping[str, Any] | None = None) -> InfiniteTalkConfig:
+    """The `infinitetalk` section with `backend.options` applied, type-checked and cross-checked."""
+    known = [f.name for f in dataclasses.fields(InfiniteTalkConfig)]
+    unknown = sorted(set(overrides or {}) - set(known))
+    if unknown:
+        raise ConfigError(
+            "backend.options", f"unknown infinitetalk option {unknown[0]} (known: {', '.join(known)})"
+        )
+    data = cfg.to_dict()
+    data["infinitetalk"] = {**data["infinitetalk"], **dict(overrides or {})}
+    opts = PipelineConfig.from_dict(data, source="backend.options").infinitetalk
+    for i, lora in enumerate(opts.loras):
+        if not isinstance(lora.get("path"), str) or not isinstance(lora.get("scale", 1.0), int | float):
+            raise ConfigError(
+                "infinitetalk.loras", f"entry {i} must be {{path: FILE, scale: NUMBER}}, got {lora}"
+            )
+    if opts.loras and opts.quant != "none":
+        raise ConfigError("infinitetalk.loras", "LoRAs cannot be merged into a quantized DiT (quant: none)")
+    if opts.mode != "tiny":
+        if opts.weights is None:
+            raise ConfigError(
+                "infinitetalk.weights",
+                f"mode {opts.mode} needs a weights root (dubflow weights download), or use mode tiny",
+            )
+        table = opts.mode.removeprefix("infinitetalk-")
+        if cfg.frames.bucket != table:
+            raise ConfigError(
+                "frames.bucket",
+                f"mode {opts.mode} generates on the {table} buckets: set frames.bucket={table}",
+            )
+    if cfg.audio.sample_rate != WAV2VEC_RATE:
+        raise ConfigError("audio.sample_rate", f"InfiniteTalk's wav2vec2 needs {WAV2VEC_RATE} Hz audio")
+    if not 0.0 < opts.denoise_strength <= 1.0:
+        raise ConfigError("infinitetalk.denoise_strength", f"must be in (0, 1], got {opts.denoise_strength}")
+    return opts
+
+
+def region_config(cfg: PipelineConfig) -> RegionConfig:
+    """`tasks.region.RegionConfig` from the pipeline config (the bucket table follows frames.bucket)."""
+    r = cfg.region
+    return RegionConfig(
+        mode=r.mode,
+        size=f"infinitetalk-{cfg.frames.bucket}",
+        motion=r.motion,
+        feather_px=r.feather_px,
+        expand_w=r.expand_w,
+        expand_h=r.expand_h,
+    )
+
+
+def tiny_hw(bucket: tuple[int, int]) -> tuple[int, int]:
+    """Tiny-mode model size for a bucket: 1/TINY_SCALE of each side, a multiple of 16 (>= 16)."""
+    return tuple(max(16, 16 * round(side / (16 * TINY_SCALE))) for side in bucket)  # type: ignore[return-value]
+
+
+def _device(name: str) -> str:
+    import torch  # noqa: PLC0415
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("infinitetalk.device", f"{name}: no CUDA device is available")
+    return name
+
+
+def load_spec(opts: InfiniteTalkConfig, device: str) -> LoadSpec:
+    """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32)."""
+    import torch  # noqa: PLC0415
+
+    from model.loading import LoadSpec  # noqa: PLC0415
+
+    layout = "infinitetalk-480" if opts.mode == "tiny" else opts.mode
+    loras = tuple((str(lora["path"]), float(lora.get("scale", 1.0))) for lora in opts.loras)
+    if opts.mode == "tiny" or device == "cpu":
+        f32 = torch.float32
+        return LoadSpec(
+            mode=layout, device=device, dtype=f32, vae_dtype=f32, t5_dtype=f32, clip_dtype=f32,
+            audio_dtype=f32, t5_cpu=True, quant=opts.quant, loras=loras,
+        )  # fmt: skip
+    dtype = getattr(torch, opts.dtype)
+    return LoadSpec(
+        mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras
+    )
+
+
+class _TinyLog(logging.LoggerAdapter):
+    """Prefixes every message with the tiny-weights banner."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{TINY_BANNER}] {msg}", kwargs
+
+
+# --------------------------------------------------------------------------------- resident models
+
+
+class ResidentModels:
+    """Model components kept loaded for the life of a worker process, keyed by weights root + LoadSpec.
+
+    THE ONE INTENTIONAL PROCESS-LEVEL OBJECT in dubflow (`RESIDENT` below): a worker runs many shots, one
+    `render_shot` call each, and reloading ~50 GB of weights per shot would dominate. Components are
+    loaded on first use (umT5 and wav2vec2 only when a per-film cache file is missing); asking for
+    another root or spec drops the current set first. `loads` counts loads per component (tests).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[str, Any] | None = None
+        self._components: dict[str, Any] = {}
+        self.loads: Counter[str] = Counter()
+
+    def get(self, root: Path, spec: LoadSpec, components: tuple[str, ...]) -> dict[str, Any]:
+        """The requested components (loading the missing ones in one `load_models` call)."""
+        from model.loading import COMPONENTS, load_models  # noqa: PLC0415
+
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        with self._lock:
+            if key != self._key:
+                self._drop()
+                self._key = key
+            missing = tuple(c for c in components if c not in self._components)
+            if missing:
+                models = load_models(root, dataclasses.replace(spec, components=missing))
+                for c in missing:
+                    self._components[c] = getattr(models, c)
+                    self.loads[c] += 1
+            return {c: self._components[c] for c in components}
+
+    def clear(self) -> None:
+        """Unload everything (the next shot loads again)."""
+        with self._lock:
+            self._drop()
+            self._key = None
+
+    def _drop(self) -> None:
+        if not self._components:
+            return
+        self._components.clear()
+        gc.collect()
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+RESIDENT = ResidentModels()
+
+
+# ------------------------------------------------------------------------------ files, locks, caches
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock (`flock`) on `path`: one process computes a cache, the others wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
+    """A tiny random weights root (official layout), written once under `cache_dir` and reused."""
+    root = cache_dir / f"tiny-weights-seed{seed}"
+    if (root / ".complete").exists():
+        return root
+    with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
+        if (root / ".complete").exists():
+            return root
+        from model.tiny import write_tiny_root  # noqa: PLC0415
+
+        tmp = cache_dir / f".tiny-weights-seed{seed}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("[%s] writing tiny random weights to %s", TINY_BANNER, root)
+        write_tiny_root(tmp, seed)
+        (tmp / ".complete").touch()
+        shutil.rmtree(root, ignore_errors=True)  # an interrupted earlier attempt
+        os.replace(tmp, root)
+    return root
+
+
+def file_digest(path: Path, block: int = 1 << 22) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _weights_identity(path: Path) -> str:
+    """Resolved path, size and mtime of a weights file or folder (its files)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    parts = [str(path.resolve())]
+    for p in files:
+        st = p.stat()
+        parts.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def cached_tensors(path: Path, compute: Callable[[], tuple[dict[str, torch.Tensor], dict[str, str]]]) -> Path:
+    """`path` (safetensors), computed by `compute() -> (tensors, metadata)` under a lock if absent."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    if path.exists():
+        return path
+    with file_lock(path.with_name(path.name + ".lock")):
+        if path.exists():  # another process wrote it while this one waited
+            return path
+        tensors, metadata = compute()
+        tmp = atomic_temp(path)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+# --------------------------------------------------------------------------------- audio timeline
+
+
+@dataclass(frozen=True)
+class FeatureTimeline:
+    """Where the film's audio feature frames sit in time.
+
+    wav2vec2 conv frames (every `stride` samples) are linearly interpolated (align_corners) to the
+    `n_frames` video frames at 25 fps the audio covers, so feature i is read at conv position
+    `i * (n_conv - 1) / (n_frames - 1)`, i.e. at time `i * period_s` (period 1/25 s up to that stretch).
+    """
+
+    n_frames: int
+    n_samples: int
+    sample_rate: int = WAV2VEC_RATE
+    stride: int = 320
+    receptive_field: int = 400
+
+    @property
+    def period_s(self) -> float:
+        n_conv = (self.n_samples - self.receptive_field) // self.stride + 1
+        if self.n_frames < 2:
+            return 1.0 / MODEL_FPS
+        return (n_conv - 1) / (self.n_frames - 1) * self.stride / self.sample_rate
+
+    def time_s(self, i: int) -> float:
+        """Audio time of feature frame i."""
+        return i * self.period_s
+
+    def nearest(self, t: float) -> int:
+        """Feature frame closest to time t (clamped to the film)."""
+        return min(max(round(t / self.period_s), 0), max(self.n_frames - 1, 0))
+
+    def to_metadata(self) -> dict[str, str]:
+        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, str]) -> FeatureTimeline:
+        return cls(**{f.name: int(meta[f.name]) for f in dataclasses.fields(cls)})
+
+
+def shot_feature_offset(start_frame: int, fps: Fraction, timeline: FeatureTimeline) -> int:
+    """First feature frame of a shot starting at film frame `start_frame`: the one nearest its start time."""
+    return timeline.nearest(float(start_frame / fps))
+
+
+def check_plan_agreement(plan: ShotPlan) -> None:
+    """The renderer's chunk plan (`tasks.plan`) must be the sampler's (`model.sampler.plan_chunks`)."""
+    from model.sampler import plan_chunks  # noqa: PLC0415
+
+    ours = [(c.model_start, c.num_frames, c.new_start, c.new_end) for c in plan.chunks]
+    theirs = [
+        (s.start, s.length, s.start + s.keep_start, s.start + s.keep_end)
+        for s in plan_chunks(plan.model_frames, plan.frame_num, plan.motion_frames)
+    ]
+    if ours != theirs:
+        raise RuntimeError(
+            f"chunk plans disagree for shot {plan.shot_index} ({plan.model_frames} model frames): "
+            f"tasks.plan {ours} vs model.sampler {theirs}"
+        )
+
+
+# ------------------------------------------------------------------------------------ gating
+
+
+def sample_indices(n_frames: int, cfg: RegionConfig) -> list[int]:
+    """Shot-relative frames the face detector looks at (the stride rule of `tasks.region.detect_samples`)."""
+    if n_frames <= 0:
+        return []
+    stride = max(cfg.sample_every, math.ceil(n_frames / cfg.max_samples))
+    return list(range(0, n_frames, stride))
+
+
+def plan_region_sampled(
+    frames: Mapping[int, np.ndarray], n_frames: int, cfg: RegionConfig, detector: Any | None = None
+) -> RegionPlan:
+    """`tasks.region.plan_region` from the sampled frames only ({shot frame: display-oriented frame})."""
+    from tasks.region import LbpFaceDetector, detect_samples, link_tracks, main_track, plan_from_track  # noqa: PLC0415
+
+    order = sorted(frames)
+    every = dataclasses.replace(cfg, sample_every=1, max_samples=max(1, len(order)))
+    samples, hw, _ = detect_samples(
+        [frames[t] for t in order], detector or LbpFaceDetector(), every, len(order)
+    )
+    samples = [(order[i], boxes) for i, boxes in samples]  # back to shot frame numbers
+    return plan_from_track(main_track(link_tracks(samples)), hw, n_frames, len(samples), cfg)
+
+
+def decide_shot(
+    shot_index: int,
+    audio: np.ndarray,
+    sample_rate: int,
+    n_frames: int,
+    frames_fn: Callable[[list[int]], Mapping[int, np.ndarray]],
+    gate: GateConfig,
+    region_cfg: RegionConfig,
+) -> ShotDecision:
+    """Speech, then (only when the outcome can depend on it) a face track, then the policy.
+
+    `audio` (S, C) or (S,) float32; `frames_fn(indices)` returns display-oriented frames of the shot.
+    """
+    mono = audio.mean(axis=1) if audio.ndim == 2 else audio
+    speech = detect_speech(np.ascontiguousarray(mono, dtype=np.float32), sample_rate)
+    overrides = {str(k): v for k, v in gate.overrides.items()}
+    action = str(overrides.get(str(shot_index), "")).strip().lower()
+    needs_frames = action == "dub" or (
+        action != "skip" and (gate.policy == "all" or (gate.policy == "auto" and speech.has_speech))
+    )
+    if needs_frames:
+        region = plan_region_sampled(frames_fn(sample_indices(n_frames, region_cfg)), n_frames, region_cfg)
+    else:  # the decision cannot depend on the picture: no decoding
+        region = RegionPlan(region_cfg.mode, (0, 0, 1, 1), (16, 16), False, 0, "not planned")
+    try:
+        d = decide_dub(shot_index, speech, region, gate.policy, overrides, gate.require_face)
+    except ValueError as ex:
+        raise ConfigError("gate", str(ex)) from ex
+    details = {"speech": speech.to_dict(), "region": region.to_dict() if needs_frames else None}
+    return ShotDecision(d.dub, d.reason, details)
+
+
+# ------------------------------------------------------------------------------------ geometry
+
+
+def display_box_to_coded(box: Box, geometry: ModelGeometry) -> Box:
+    """A box in display pixels (rotated, square pixels) -> the same region in coded source pixels."""
+    x0, y0, x1, y1 = box
+    k = (geometry.rotation // 90) % 4
+    hd, wd = geometry.display_hw
+    # undo np.rot90(pre, k): rows/cols of the display box in the un-rotated (square-pixel) frame
+    if k == 0:
+        r0, r1, c0, c1 = y0, y1, x0, x1
+        hp, wp = hd, wd
+    elif k == 1:  # display[i, j] = pre[j, W - 1 - i]
+        hp, wp = wd, hd
+        r0, r1, c0, c1 = x0, x1, wp - y1, wp - y0
+    elif k == 2:
+        hp, wp = hd, wd
+        r0, r1, c0, c1 = hp - y1, hp - y0, wp - x1, wp - x0
+    else:  # display[i, j] = pre[H - 1 - j, i]
+        hp, wp = wd, hd
+        r0, r1, c0, c1 = hp - x1, hp - x0, y0, y1
+    sy, sx = geometry.coded_hw[0] / hp, geometry.coded_hw[1] / wp
+    return (round(c0 * sx), round(r0 * sy), round(c1 * sx), round(r1 * sy))
+
+
+class ShotRegion:
+    """Coded source frames <-> model frames for one shot: a region crop, or the official full frame."""
+
+    def __init__(
+        self, geometry: ModelGeometry, plan: RegionPlan | None, model_hw: tuple[int, int], feather_px: int
+    ):
+        self.geometry = geometry
+        self.model_hw = model_hw
+        self.feather_px = feather_px
+        self.full = plan is None or plan.mode == "full"
+        self.plan = plan
+        if self.full:  # the official resize-to-cover + centre crop, at model_hw
+            self.full_geometry = dataclasses.replace(
+                geometry, crop=CropGeometry.cover(geometry.display_hw, model_hw)
+            )
+            self._full_box = self._window_box(self.full_geometry.coded_window())
+        else:
+            assert plan is not None
+            self._boxes: dict[Box, Box] = {}
+
+    @staticmethod
+    def _window_box(window: tuple[int, int, int, int]) -> Box:
+        y0, y1, x0, x1 = window
+        return (x0, y0, x1, y1)
+
+    def coded_box(self, j: int) -> Box:
+        """The box of shot frame j in coded pixels (what changes in that frame)."""
+        if self.full:
+            return self._full_box
+        box = self.plan.box_at(j)
+        if box not in self._boxes:
+            self._boxes[box] = display_box_to_coded(box, self.geometry)
+        return self._boxes[box]
+
+    def to_model(self, frame: np.ndarray, j: int) -> np.ndarray:
+        """uint8 coded (H, W, 3) frame j -> uint8 model input (mh, mw, 3)."""
+        if self.full:
+            return self.full_geometry.to_model(frame)
+        from tasks.region import crop_to_bucket  # noqa: PLC0415
+
+        x0, y0, x1, y1 = self.coded_box(j)
+        crop = np.ascontiguousarray(np.rot90(frame[y0:y1, x0:x1], self.geometry.rotation // 90))
+        return crop_to_bucket(crop, (0, 0, crop.shape[1], crop.shape[0]), self.model_hw)
+
+    def paste(self, generated: np.ndarray, source: np.ndarray, j: int) -> np.ndarray:
+        """Blend a generated model frame into coded source frame j (only its box changes)."""
+        if self.full:
+            return self.full_geometry.from_model(generated, source)
+        from tasks.region import composite  # noqa: PLC0415
+
+        patch = np.ascontiguousarray(np.rot90(generated, -(self.geometry.rotation // 90)))
+        return composite(source, patch, self.coded_box(j), self.feather_px)
+
+
+def label_tiny(frame: np.ndarray, box: Box) -> np.ndarray:
+    """Write TINY_LABEL inside `box` of a copy of `frame` (nothing outside the box changes)."""
+    import cv2  # noqa: PLC0415
+
+    x0, y0, x1, y1 = box
+    out = frame.copy()
+    patch = np.ascontiguousarray(out[y0:y1, x0:x1])
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    (tw, th), _ = cv2.getTextSize(TINY_LABEL, font, 1.0, 1)
+    scale = max(0.15, min(1.0, (x1 - x0 - 4) / tw))  # fit the box width
+    org = (2, 2 + max(1, round(th * scale)))
+    cv2.putText(patch, TINY_LABEL, org, font, scale, (0, 0, 0), 2, cv2.LINE_AA)
+    cv2.putText(patch, TINY_LABEL, org, font, scale, (255, 255, 0), 1, cv2.LINE_AA)
+    out[y0:y1, x0:x1] = patch
+    return out
+
+
+def _to_tensor(frames: np.ndarray) -> torch.Tensor:
+    """uint8 (T, H, W, 3) -> float32 (3, T, H, W) in [-1, 1]."""
+    import torch  # noqa: PLC0415
+
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+
+
+def _to_uint8(video: torch.Tensor) -> np.ndarray:
+    """float (3, T, H, W) in [-1, 1] -> uint8 (T, H, W, 3) on the host."""
+    return ((video.float() + 1.0) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 3, 0).cpu().numpy()
+
+
+# ------------------------------------------------------------------------------------ timing
+
+
+class _Stopwatch:
+    """Seconds and calls per stage; with `sync` the device is synchronised around each stage."""
+
+    def __init__(self, device: str, sync: bool):
+        self.device = device
+        self.sync = sync and device.startswith("cuda")
+        self.totals: dict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.sync:
+            import torch  # noqa: PLC0415
+
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                import torch  # noqa: PLC0415
+
+                torch.cuda.synchronize(self.device)
+            self.totals[name] += time.perf_counter() - t0
+            self.calls[name] += 1
+
+
+class _TimedDiT:
+    """The DiT as the sampler calls it, timed."""
+
+    def __init__(self, dit: Any, watch: _Stopwatch):
+        self.dit, self.watch = dit, watch
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.watch("dit"):
+            return self.dit(*args, **kwargs)
+
+
+class _TimedVAE:
+    """The VAE as the sampler uses it, timed."""
+
+    def __init__(self, vae: Any, watch: _Stopwatch):
+        self.vae, self.watch = vae, watch
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        with self.watch("vae"):
+            return self.vae.encode(video)
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        with self.watch("vae"):
+            return self.vae.decode(latent)
+
+
+# ------------------------------------------------------------------------------------ backend
+
+
+class InfiniteTalkBackend:
+    """InfiniteTalk behind the `GatingBackend` protocol (see the module docstring)."""
+
+    name = "infinitetalk"
+    applies_color = True  # colour is matched per chunk in model space, against the chunk's reference
+    dubs = True
+
+    def __init__(self, options: dict[str, Any], config: PipelineConfig | None = None):
+        self.config = config if config is not None else load_config()
+        self.opts = resolve_options(self.config, options)
+        self.tiny = self.opts.mode == "tiny"
+        self.log: logging.Logger | logging.LoggerAdapter = _TinyLog(log, {}) if self.tiny else log
+        self.region_cfg = region_config(self.config)
+
+    # --- weights and models
+
+    def weights_root(self) -> Path:
+        if self.opts.weights is not None:
+            root = Path(self.opts.weights)
+            if not root.is_dir():
+                raise ConfigError("infinitetalk.weights", f"{root}: weights root not found")
+            return root
+        return ensure_tiny_root(Path(self.config.workspace.root) / ".cache")
+
+    def models(self, *components: str) -> dict[str, Any]:
+        """Components from the process's resident set (loaded on first use)."""
+        device = _device(self.opts.device)
+        return RESIDENT.get(self.weights_root(), load_spec(self.opts, device), components)
+
+    # --- per-film caches
+
+    def _model_tag(self, component: str) -> str:
+        from model.weights import layout_for  # noqa: PLC0415
+
+        layout = layout_for("infinitetalk-480" if self.tiny else self.opts.mode, self.opts.quant)
+        root = self.weights_root()
+        path = root / layout.wav2vec_dir if component == "audio" else root / layout.wan_dir / layout.t5
+        return _weights_identity(path)
+
+    def prompt_embeddings(self, film_dir: Path, watch: _Stopwatch) -> dict[str, torch.Tensor]:
+        """umT5 context / negative context of the configured prompts, cached per film."""
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        key = hashlib.sha256(
+            "\0".join([self.opts.prompt, self.opts.negative_prompt, self._model_tag("t5")]).encode()
+        ).hexdigest()[:16]
+        path = film_dir / f"prompt-{key}.safetensors"
+
+        def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            self.log.info("encoding the prompt with umT5 (once per film) -> %s", path)
+            with watch("encoders"):
+                t5 = self.models("t5")["t5"]
+                context, context_null = t5.encode([self.opts.prompt, self.opts.negative_prompt])
+            return {"context": context, "context_null": context_null}, {"prompt": self.opts.prompt}
+
+        return load_file(str(cached_tensors(path, compute)))
+
+    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: _Stopwatch) -> Path:
+        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
+
+        spec = load_spec(self.opts, _device(self.opts.device))
+        dtype = str(spec.dtype).removeprefix("torch.")
+        key = hashlib.sha256(
+            "\0".join([file_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
+        ).hexdigest()[:16]
+        path = film_dir / f"audio_features-{key}.safetensors"
+
+        def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            import soundfile as sf  # noqa: PLC0415
+
+            from model.wav2vec import frame_count, loudness_normalize  # noqa: PLC0415
+
+            self.log.info("wav2vec2 features of %s (once per film) -> %s", dialogue_path, path)
+            wave, sr = sf.read(str(dialogue_path), dtype="float32", always_2d=True)
+            if sr != WAV2VEC_RATE:
+                raise MediaError(
+                    dialogue_path, f"dialogue track is {sr} Hz, wav2vec2 needs {WAV2VEC_RATE} Hz"
+                )
+            mono = np.ascontiguousarray(wave.mean(axis=1))
+            with watch("encoders"):
+                encoder = self.models("audio")["audio"]
+                n = frame_count(mono.shape[0], MODEL_FPS, sr)
+                feats = encoder.embed(
+                    loudness_normalize(mono, sr), fps=MODEL_FPS, n_frames=n, out_dtype=spec.dtype
+                )
+            timeline = FeatureTimeline(n, mono.shape[0], sr, encoder.stride, encoder.receptive_field)
+            return {"features": feats}, timeline.to_metadata()
+
+        return cached_tensors(path, compute)
+
+    # --- GatingBackend
+
+    def prepare_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        context: ShotContext,
+    ) -> ShotDecision:
+        """Gate the shot: speech in its dub slice, a face in its (sampled) frames, the policy."""
+
+        def frames_fn(indices: list[int]) -> dict[int, np.ndarray]:
+            wanted, out = set(indices), {}
+            for j, frame in enumerate(iter_frames(context.video, plan.start_frame, plan.end_frame)):
+                if j in wanted:
+                    out[j] = geometry.to_display(frame)
+            return out
+
+        d = decide_shot(
+            plan.shot_index,
+            shot_audio,
+            sample_rate,
+            plan.num_frames,
+            frames_fn,
+            self.config.gate,
+            self.region_cfg,
+        )
+        if d.dub and self.tiny:
+            d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
+        self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)
+        return d
+
+    def open_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        *,
+        resume_state: Any | None = None,
+        decision: ShotDecision | None = None,
+        context: ShotContext | None = None,
+    ) -> _Session:
+        if context is None:
+            raise ValueError("InfiniteTalkBackend.open_shot needs the ShotContext (tasks.render passes it)")
+        check_plan_agreement(plan)
+        if decision is None:
+            decision = self.prepare_shot(plan, geometry, shot_audio, sample_rate, context)
+        return _Session(self, plan, geometry, decision, context, resume_state)
+
+
+class _Session:
+    """One shot being dubbed: the sampler state between chunks and the region mapping."""
+
+    def __init__(
+        self,
+        backend: InfiniteTalkBackend,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        decision: ShotDecision,
+        context: ShotContext,
+        resume_state: Any | None,
+    ):
+        import torch  # noqa: PLC0415
+        from safetensors import safe_open  # noqa: PLC0415
+
+        from model.sampler import Conditioning, StreamState, sampler_preset, speaker_masks  # noqa: PLC0415
+
+        self.backend, self.plan, self.context = backend, plan, context
+        self.log = backend.log
+        opts = backend.opts
+        self.device = _device(opts.device)
+        self.watch = _Stopwatch(self.device, opts.profile)
+        film_dir = context.work_dir / "film"
+
+        # 1. per-film inputs (cached files), then the generation models
+        prompt = backend.prompt_embeddings(film_dir, self.watch)
+        features_path = backend.audio_features_file(film_dir, Path(context.dialogue.path), self.watch)
+        with self.watch("load"):
+            m = backend.models("dit", "vae", "clip")
+        self.dit, self.vae, self.clip = m["dit"], m["vae"], m["clip"]
+        dcfg = self.dit.config
+        if prompt["context"].shape[-1] != dcfg.text_dim:
+            raise MediaError(
+                film_dir,
+                f"prompt embedding width {prompt['context'].shape[-1]} != DiT text_dim {dcfg.text_dim}",
+            )
+        with safe_open(str(features_path), framework="pt") as f:
+            timeline = FeatureTimeline.from_metadata(f.metadata())
+            offset = shot_feature_offset(plan.start_frame, plan.fps, timeline)
+            stop = min(timeline.n_frames, offset + plan.chunks[-1].model_end)
+            feats = f.get_slice("features")[offset:stop]  # (L, 12, 768)
+        if tuple(feats.shape[1:]) != (dcfg.audio_blocks, dcfg.audio_channels):
+            raise MediaError(
+                features_path, f"features {tuple(feats.shape)} do not fit the DiT's audio adapter"
+            )
+        self.feature_offset = offset
+
+        # 2. where the model looks: the region plan's box (or the full frame) at the model's size
+        region = decision.details.get("region")
+        rplan = RegionPlan.from_dict(region) if region else None
+        if rplan is not None and rplan.mode == "full":
+            bucket = geometry.model_hw
+        else:
+            bucket = rplan.bucket if rplan is not None else geometry.model_hw
+        model_hw = tiny_hw(bucket) if backend.tiny else bucket
+        self.region = ShotRegion(geometry, rplan, model_hw, backend.config.region.feather_px)
+        self.coded_hw = geometry.coded_hw
+
+        # 3. sampler settings (chunking = the shot plan's) and conditioning
+        preset = "tiny" if backend.tiny else opts.mode
+        changes: dict[str, Any] = {
+            "frame_num": plan.frame_num,
+            "motion_frames": plan.motion_frames,
+            "text_guide_scale": opts.text_guide_scale,
+            "audio_guide_scale": opts.audio_guide_scale,
+            "use_apg": opts.use_apg,
+            "apg_momentum": opts.apg_momentum,
+            "apg_norm_threshold": opts.apg_norm_threshold,
+            "color_correction_strength": backend.config.color.strength,
+            "color_reference": "first" if backend.config.color.reference == "shot_first" else "chunk",
+            "denoise_strength": opts.denoise_strength,
+            "seed": opts.seed + plan.shot_index,
+            "batch_branches": opts.batch_branches,
+        }
+        if opts.steps is not None:
+            changes["sampling_steps"] = opts.steps
+        if opts.shift is not None:
+            changes["shift"] = opts.shift
+        self.settings = sampler_preset(preset, **changes)
+        self.teacache = None
+        if opts.teacache is not None:
+            from model.teacache import TeaCache, TeaCacheConfig  # noqa: PLC0415
+
+            tc = TeaCacheConfig(
+                threshold=opts.teacache,
+                preset="infinitetalk-720" if opts.mode == "infinitetalk-720" else "infinitetalk-480",
+            )
+            self.teacache = TeaCache(tc, self.settings.sampling_steps - self.settings.start_step)
+        mh, mw = model_hw
+        masks = speaker_masks(None, 1, model_hw, model_hw, (mh // 8, mw // 8))  # one speaker: all ones
+        text_len = dcfg.text_len
+        self.cond = Conditioning(
+            context=prompt["context"][:text_len].to(self.device),
+            context_null=prompt["context_null"][:text_len].to(self.device),
+            audio=[feats],
+            ref_target_masks=masks,
+            clip_fn=self._clip,
+            n_frames=plan.model_frames,
+            source_video_fn=self._source_video if self.settings.start_step > 0 else None,
+        )
+        self._source_cache: dict[int, np.ndarray] = {}
+        self.generator = torch.Generator("cpu")  # CPU noise: identical on any device / host, resumable
+        if resume_state is None:
+            self.generator.manual_seed(self.settings.seed)
+            self.stream_state = None
+        else:
+            if resume_state.get("format") != STATE_FORMAT:
+                raise MediaError(context.video.path, f"shot {plan.shot_index}: unknown checkpoint format")
+            self.stream_state = StreamState.from_state_dict(resume_state["stream"])
+        self.log.info(
+            "shot %04d: %d chunk(s) at %dx%d, %d steps, feature offset %d%s",
+            plan.shot_index, len(plan.chunks), mw, mh, self.settings.sampling_steps, offset,
+            "" if self.stream_state is None else f", resuming at chunk {self.stream_state.next_chunk + 1}",
+        )  # fmt: skip
+
+    # --- sampler callbacks
+
+    def _clip(self, reference: torch.Tensor) -> torch.Tensor:
+        with self.watch("clip"):
+            return self.clip.encode(reference)  # (1, 257, 1280)
+
+    def _color(self, video: torch.Tensor, reference: torch.Tensor, strength: float) -> torch.Tensor:
+        from tasks.color import match_and_blend  # noqa: PLC0415
+
+        with self.watch("colour"):
+            return match_and_blend(video, reference, strength)
+
+    def _crop(self, frame: np.ndarray, j: int) -> np.ndarray:
+        with self.watch("crop"):
+            return self.region.to_model(frame, j)
+
+    def _source_video(self, start: int, stop: int) -> torch.Tensor:
+        """Model frames [start, stop) of the source (video-to-video): (3, T, H, W) in [-1, 1]."""
+        n = self.plan.num_frames
+        js = [min(n - 1, source_frame_at(k, self.plan.fps, self.plan.model_fps)) for k in range(start, stop)]
+        missing = sorted({j for j in js if j not in self._source_cache})
+        if missing:  # frames of an earlier chunk (after a resume): decode them again
+            s0 = self.plan.start_frame
+            got = read_frames(self.context.video, [s0 + j for j in missing])
+            for j in missing:
+                self._source_cache[j] = self._crop(got[s0 + j], j)
+        return _to_tensor(np.stack([self._source_cache[j] for j in js]))
+
+    # --- ShotSession
+
+    def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
+        from model.sampler import stream_generate  # noqa: PLC0415
+
+        c = inp.chunk
+        expected = 0 if self.stream_state is None else self.stream_state.next_chunk
+        if c.index != expected:
+            raise RuntimeError(
+                f"shot {self.plan.shot_index}: chunk {c.index} given, the sampler is at {expected}"
+            )
+        self.log.info(
+            "shot %04d: generating chunk %d/%d", self.plan.shot_index, c.index + 1, len(self.plan.chunks)
+        )
+        reference = _to_tensor(self._crop(inp.reference, c.ref_frame)[None])  # (3, 1, H, W)
+        if self.settings.start_step > 0:
+            keep = min(c.ref_frame, c.src_start)
+            self._source_cache = {
+                j: f for j, f in self._source_cache.items() if j >= keep - self.plan.frame_num
+            }
+            for t, frame in enumerate(inp.frames):
+                self._source_cache[c.src_start + t] = self._crop(frame, c.src_start + t)
+        outputs = []
+        result = stream_generate(
+            _TimedDiT(self.dit, self.watch),
+            _TimedVAE(self.vae, self.watch),
+            cond=self.cond,
+            settings=self.settings,
+            reference_frame_fn=lambda index, start: reference,
+            color_fn=self._color,
+            state=self.stream_state,
+            on_chunk=outputs.append,
+            generator=self.generator,
+            teacache=self.teacache,
+            collect=False,
+            max_chunks=1,
+        )
+        (out,) = outputs
+        if out.spec.index != c.index:
+            raise RuntimeError(
+                f"shot {self.plan.shot_index}: sampler ran chunk {out.spec.index}, expected {c.index}"
+            )
+        self.stream_state = result.state
+        kept = _to_uint8(out.frames)  # (n_kept, H, W, 3): model frames [new_start, new_end)
+        first_kept = c.new_start - c.model_start
+        if inp.frames.shape[0] == 0:
+            return np.zeros((0, *self.coded_hw, 3), np.uint8)
+        with self.watch("composite"):
+            frames = []
+            for t, k in enumerate(self.plan.conform_indices(c)):
+                j = c.src_start + t
+                frame = self.region.paste(kept[k - first_kept], inp.frames[t], j)
+                if self.backend.tiny:
+                    frame = label_tiny(frame, self.region.coded_box(j))
+                frames.append(frame)
+        return np.stack(frames)
+
+    def state(self) -> dict[str, Any] | None:
+        if self.stream_state is None:
+            return None
+        return {"format": STATE_FORMAT, "stream": self.stream_state.state_dict()}
+
+    def timings(self) -> dict[str, float]:
+        return dict(self.watch.totals)
+
+    def close(self) -> None:
+        self._source_cache.clear()
