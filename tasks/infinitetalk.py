@@ -344,6 +344,13 @@ def shot_feature_offset(start_frame: int, fps: Fraction, timeline: FeatureTimeli
     return timeline.nearest(float(start_frame / fps))
 
 
+def shot_feature_range(plan: ShotPlan, timeline: FeatureTimeline) -> tuple[int, int]:
+    """Film feature frames [offset, stop) a shot is conditioned on: model frame k uses `offset + k`
+    (the sampler clamps windows past `stop`, the film's end)."""
+    offset = shot_feature_offset(plan.start_frame, plan.fps, timeline)
+    return offset, min(timeline.n_frames, offset + plan.chunks[-1].model_end)
+
+
 def check_plan_agreement(plan: ShotPlan) -> None:
     """The renderer's chunk plan (`tasks.plan`) must be the sampler's (`model.sampler.plan_chunks`)."""
     from model.sampler import plan_chunks  # noqa: PLC0415
@@ -593,11 +600,19 @@ class InfiniteTalkBackend:
     dubs = True
 
     def __init__(self, options: dict[str, Any], config: PipelineConfig | None = None):
-        self.config = config if config is not None else load_config()
-        self.opts = resolve_options(self.config, options)
+        self.options = dict(options)
+        self.config: PipelineConfig | None = None
+        self._bind(config if config is not None else load_config())
+
+    def _bind(self, config: PipelineConfig) -> None:
+        """Use `config` (a shot's own config, from its ShotContext, wins over the constructor's)."""
+        if config == self.config:
+            return
+        self.opts = resolve_options(config, self.options)
+        self.config = config
         self.tiny = self.opts.mode == "tiny"
         self.log: logging.Logger | logging.LoggerAdapter = _TinyLog(log, {}) if self.tiny else log
-        self.region_cfg = region_config(self.config)
+        self.region_cfg = region_config(config)
 
     # --- weights and models
 
@@ -686,6 +701,7 @@ class InfiniteTalkBackend:
         context: ShotContext,
     ) -> ShotDecision:
         """Gate the shot: speech in its dub slice, a face in its (sampled) frames, the policy."""
+        self._bind(context.config)
 
         def frames_fn(indices: list[int]) -> dict[int, np.ndarray]:
             wanted, out = set(indices), {}
@@ -721,6 +737,7 @@ class InfiniteTalkBackend:
     ) -> _Session:
         if context is None:
             raise ValueError("InfiniteTalkBackend.open_shot needs the ShotContext (tasks.render passes it)")
+        self._bind(context.config)
         check_plan_agreement(plan)
         if decision is None:
             decision = self.prepare_shot(plan, geometry, shot_audio, sample_rate, context)
@@ -765,8 +782,7 @@ class _Session:
             )
         with safe_open(str(features_path), framework="pt") as f:
             timeline = FeatureTimeline.from_metadata(f.metadata())
-            offset = shot_feature_offset(plan.start_frame, plan.fps, timeline)
-            stop = min(timeline.n_frames, offset + plan.chunks[-1].model_end)
+            offset, stop = shot_feature_range(plan, timeline)
             feats = f.get_slice("features")[offset:stop]  # (L, 12, 768)
         if tuple(feats.shape[1:]) != (dcfg.audio_blocks, dcfg.audio_channels):
             raise MediaError(
