@@ -260,12 +260,15 @@ def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
     return root
 
 
-def file_digest(path: Path, block: int = 1 << 22) -> str:
-    """sha256 of a file's bytes."""
+def audio_digest(path: Path, block: int = 1 << 20) -> str:
+    """sha256 of an audio file's samples and rate (not its bytes: WAV headers carry timestamps)."""
+    import soundfile as sf  # noqa: PLC0415
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
+    with sf.SoundFile(str(path)) as f:
+        h.update(f"{f.samplerate}:{f.channels}:".encode())
+        while (chunk := f.read(block, dtype="float32")).size:
+            h.update(chunk.tobytes())
     return h.hexdigest()
 
 
@@ -663,7 +666,7 @@ class InfiniteTalkBackend:
         spec = load_spec(self.opts, _device(self.opts.device))
         dtype = str(spec.dtype).removeprefix("torch.")
         key = hashlib.sha256(
-            "\0".join([file_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
+            "\0".join([audio_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
         ).hexdigest()[:16]
         path = film_dir / f"audio_features-{key}.safetensors"
 
