@@ -3,6 +3,7 @@
     dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--config FILE] [--backend NAME] [--set k=v ...]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
+    dubflow estimate SOURCE --audio DUB [--config FILE] [--set ...] [--json]  # shots to dub, GPU time
     dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q]
 
 `dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else
@@ -60,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("source")
     plan.add_argument("--audio", required=True, metavar="DUB")
     _add_config_args(plan)
+
+    estimate = sub.add_parser(
+        "estimate",
+        help="shots to dub, chunks and expected GPU time (no GPU work; decodes a few frames per shot)",
+    )
+    estimate.add_argument("source")
+    estimate.add_argument("--audio", required=True, metavar="DUB")
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    _add_config_args(estimate)
 
     weights = sub.add_parser("weights", help="check or fetch model weights")
     wsub = weights.add_subparsers(dest="weights_command", required=True)
@@ -123,6 +133,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from tasks.estimate import estimate_film
+
+    est = estimate_film(args.source, args.audio, _config(args))
+    print(json.dumps(est.to_dict(), indent=1) if args.json else est.format())
+    return 0
+
+
 def cmd_dub(args: argparse.Namespace) -> int:
     extra = [f"backend.name={args.backend}"] if args.backend else []
     cfg = _config(args, extra)
@@ -179,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from tasks.errors import DubflowError
 
-    handlers = {"dub": cmd_dub, "shots": cmd_shots, "plan": cmd_plan, "weights": cmd_weights}
+    handlers = {
+        "dub": cmd_dub, "shots": cmd_shots, "plan": cmd_plan, "estimate": cmd_estimate, "weights": cmd_weights,
+    }  # fmt: skip
     try:
         return handlers[args.command](args)
     except DubflowError as ex:

@@ -78,8 +78,13 @@ STATE_FORMAT = 1
 # ------------------------------------------------------------------------------------------ options
 
 
-def resolve_options(cfg: PipelineConfig, overrides: Mapping[str, Any] | None = None) -> InfiniteTalkConfig:
-    """The `infinitetalk` section with `backend.options` applied, type-checked and cross-checked."""
+def resolve_options(
+    cfg: PipelineConfig, overrides: Mapping[str, Any] | None = None, *, need_weights: bool = True
+) -> InfiniteTalkConfig:
+    """The `infinitetalk` section with `backend.options` applied, type-checked and cross-checked.
+
+    `need_weights=False` (estimates) accepts a real mode without a weights root.
+    """
     known = [f.name for f in dataclasses.fields(InfiniteTalkConfig)]
     unknown = sorted(set(overrides or {}) - set(known))
     if unknown:
@@ -97,7 +102,7 @@ def resolve_options(cfg: PipelineConfig, overrides: Mapping[str, Any] | None = N
     if opts.loras and opts.quant != "none":
         raise ConfigError("infinitetalk.loras", "LoRAs cannot be merged into a quantized DiT (quant: none)")
     if opts.mode != "tiny":
-        if opts.weights is None:
+        if opts.weights is None and need_weights:
             raise ConfigError(
                 "infinitetalk.weights",
                 f"mode {opts.mode} needs a weights root (dubflow weights download), or use mode tiny",

@@ -1,0 +1,205 @@
+"""`dubflow estimate`: what a film will cost before any GPU work.
+
+Probes the film, finds its shots, plans their chunks and runs the dub gate on each shot (speech in the
+dub track's slice; a face in a few decoded frames, only for shots with speech), then prices the dubbed
+shots' chunks with the benchmark figures of the config's `estimate` section:
+
+    GPU s = load_s + sum over chunks of (steps run x guidance branches x dit_forward_s + vae_chunk_s) x scale
+
+`scale` is the chunk's latent frames over a full chunk's (a short last chunk costs less; attention makes
+the real saving a little larger). Figures that are not measured yet (null) are reported as missing and
+the total is then a lower bound. TeaCache savings are not modelled (the estimate is an upper bound then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.config import PipelineConfig
+from tasks.plan import ShotPlan
+
+log = logging.getLogger(__name__)
+
+GATE_SAMPLES = 4  # frames decoded per shot for the face check
+
+
+@dataclass(frozen=True)
+class ShotEstimate:
+    """One shot: the gate's decision and its chunks' GPU seconds (0 when not dubbed)."""
+
+    index: int
+    start_frame: int
+    end_frame: int
+    dub: bool
+    reason: str
+    chunks: int
+    gpu_s: float
+
+
+@dataclass(frozen=True)
+class FilmEstimate:
+    """The whole film: shots, the figures used, and the expected GPU time."""
+
+    source: str
+    frames: int
+    fps: str
+    mode: str
+    precision: str
+    steps: int
+    branches: int
+    dit_forward_s: float | None
+    vae_chunk_s: float | None
+    load_s: float | None
+    shots: tuple[ShotEstimate, ...]
+    missing: tuple[str, ...]  # figures that are not measured (null in the config)
+
+    @property
+    def dubbed(self) -> list[ShotEstimate]:
+        return [s for s in self.shots if s.dub]
+
+    @property
+    def total_s(self) -> float:
+        dubbed = self.dubbed
+        return (self.load_s or 0.0) * bool(dubbed) + sum(s.gpu_s for s in dubbed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shots"] = [dataclasses.asdict(s) for s in self.shots]
+        d["missing"] = list(self.missing)
+        d["dubbed_shots"] = len(self.dubbed)
+        d["passthrough_shots"] = len(self.shots) - len(self.dubbed)
+        d["dubbed_chunks"] = sum(s.chunks for s in self.dubbed)
+        d["total_s"] = round(self.total_s, 1)
+        d["lower_bound"] = bool(self.missing)
+        return d
+
+    def format(self) -> str:
+        """The human-readable report `dubflow estimate` prints."""
+        dubbed = self.dubbed
+        chunks = sum(s.chunks for s in dubbed)
+        lines = [
+            f"{self.source}: {len(self.shots)} shots, {self.frames} frames at {self.fps} fps",
+            f"mode {self.mode} ({self.precision}), {self.steps} steps x {self.branches} guidance branches",
+            "",
+            f"{'shot':>4}  {'frames':>10}  {'chunks':>6}  {'dub':>3}  {'GPU':>8}  reason",
+        ]
+        for s in self.shots:
+            span = f"{s.start_frame}-{s.end_frame}"
+            lines.append(
+                f"{s.index:04d}  {span:>10}  {s.chunks:>6}  {'yes' if s.dub else 'no':>3}  "
+                f"{_hms(s.gpu_s) if s.dub else '-':>8}  {s.reason}"
+            )
+        lines += [
+            "",
+            f"dubbed: {len(dubbed)} shots ({sum(s.end_frame - s.start_frame for s in dubbed)} frames, {chunks} chunks); "
+            f"passthrough: {len(self.shots) - len(dubbed)} shots",
+            f"expected GPU time: {'at least ' if self.missing else ''}{_hms(self.total_s)} "
+            f"(model load {_fig(self.load_s)}, DiT forward {_fig(self.dit_forward_s)}, VAE per chunk "
+            f"{_fig(self.vae_chunk_s)})",
+        ]
+        if self.missing:
+            lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
+        return "\n".join(lines)
+
+
+def _fig(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:g} s"
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def latent_frames(frames: int) -> int:
+    """Latent frames of a 4n+1-frame chunk."""
+    return 1 + (frames - 1) // 4
+
+
+def shot_gpu_s(plan: ShotPlan, per_full_chunk_s: float) -> float:
+    """GPU seconds of a shot's chunks, each scaled by its latent frames over a full chunk's."""
+    full = latent_frames(plan.frame_num)
+    return sum(per_full_chunk_s * latent_frames(c.num_frames) / full for c in plan.chunks)
+
+
+def _figure(table: dict[str, Any], key: str, what: str, missing: list[str]) -> float | None:
+    value = table.get(key)
+    if value is None:
+        missing.append(what)
+        return None
+    return float(value)
+
+
+def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
+    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
+    from model.guidance import guidance_branches  # noqa: PLC0415
+    from model.sampler import sampler_preset  # noqa: PLC0415
+    from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
+    from tasks.frames import ModelGeometry, read_frames  # noqa: PLC0415
+    from tasks.infinitetalk import decide_shot, region_config, resolve_options  # noqa: PLC0415
+    from tasks.plan import plan_film  # noqa: PLC0415
+    from tasks.probe import probe  # noqa: PLC0415
+    from tasks.shots import detect_shots  # noqa: PLC0415
+
+    overrides = cfg.backend.options if cfg.backend.name == "infinitetalk" else {}
+    opts = resolve_options(cfg, overrides, need_weights=False)
+    info = probe(source, frame_count=cfg.probe.frame_count)
+    shots = detect_shots(info, cfg.shots)
+    plans = plan_film(shots.shots, shots.fps, cfg.plan)
+    samples = decode_audio(audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
+    decision = check_length(
+        samples.shape[0], cfg.audio.sample_rate, shots.frame_count, shots.fps, cfg.audio.length_policy,
+        path=audio,
+    )  # fmt: skip
+    samples = conform(samples, decision)
+    edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
+    bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
+    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
+    region = dataclasses.replace(region_config(cfg), max_samples=GATE_SAMPLES)
+
+    # the price of one full chunk for the chosen mode and precision
+    preset = sampler_preset("tiny" if opts.mode == "tiny" else opts.mode)
+    steps = opts.steps if opts.steps is not None else preset.sampling_steps
+    run_steps = (
+        steps
+        - dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength).start_step
+    )
+    branches = len(guidance_branches(opts.text_guide_scale))
+    precision = "float32" if opts.mode == "tiny" else (opts.quant if opts.quant != "none" else opts.dtype)
+    est, missing = cfg.estimate, []
+    fwd = _figure(
+        est.dit_forward_s.get(opts.mode, {}), precision, f"dit_forward_s.{opts.mode}.{precision}", missing
+    )
+    vae = _figure(est.vae_chunk_s, opts.mode, f"vae_chunk_s.{opts.mode}", missing)
+    load = _figure(est.load_s, opts.mode, f"load_s.{opts.mode}", missing)
+    per_chunk = run_steps * branches * (fwd or 0.0) + (vae or 0.0)
+
+    out = []
+    for shot, plan, (a, b) in zip(shots.shots, plans, bounds, strict=True):
+        s0 = shot.start_frame
+
+        def frames_fn(indices: list[int], s0: int = s0) -> dict[int, np.ndarray]:
+            got = read_frames(info, [s0 + i for i in indices])
+            return {i: geometry.to_display(got[s0 + i]) for i in indices}
+
+        d = decide_shot(
+            shot.index, samples[a:b], cfg.audio.sample_rate, shot.num_frames, frames_fn, cfg.gate, region
+        )
+        gpu = shot_gpu_s(plan, per_chunk) if d.dub else 0.0
+        out.append(
+            ShotEstimate(shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu)
+        )
+        log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
+    return FilmEstimate(
+        source=str(source), frames=shots.frame_count, fps=str(shots.fps), mode=opts.mode, precision=precision,
+        steps=run_steps, branches=branches, dit_forward_s=fwd, vae_chunk_s=vae, load_s=load, shots=tuple(out),
+        missing=tuple(missing),
+    )  # fmt: skip
