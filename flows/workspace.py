@@ -14,6 +14,7 @@ A workspace is keyed by what determines the result:
 Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
 
     workspace.json          what the key was made of, plus a random incarnation id (see below)
+    attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
     shots/0042/             one folder per shot (4-digit index)
         <intermediate>      the shot's rendered file, written through ``atomic_path``
         chunks/             per-chunk checkpoints (resume inside a long shot)
@@ -49,6 +50,7 @@ MIB = 1 << 20
 MANIFEST = "workspace.json"
 DONE = "done.json"
 FAILED = "failed.json"
+ATTEMPTS = "attempts.jsonl"
 _PROJECT_DIR = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("flows", "tasks", "model")  # the code a shot's pixels depend on (see code_version)
 
@@ -240,10 +242,50 @@ def mark_shot_done(ws: Workspace, index: int, record: Mapping[str, Any]) -> Path
     return path
 
 
-def mark_shot_failed(ws: Workspace, index: int, reason: str) -> Path:
-    """Record why shot ``index`` failed (shown in the film's shot table)."""
-    body = {"index": index, "reason": reason, "failed": datetime.now(UTC).isoformat(timespec="seconds")}
+def mark_shot_failed(ws: Workspace, index: int, reason: str, record: Mapping[str, Any] | None = None) -> Path:
+    """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where)."""
+    body = {
+        "index": index,
+        "failed": datetime.now(UTC).isoformat(timespec="seconds"),
+        **(record or {}),
+        "reason": reason,
+    }
     return atomic_write_json(ws.failed_path(index), body)
+
+
+def read_shot_failed(ws: Workspace, index: int) -> dict[str, Any] | None:
+    """The shot's ``failed.json`` record while it is not done, else None."""
+    path = ws.failed_path(index)
+    if not path.exists() or shot_done(ws, index):
+        return None
+    return read_json(path)
+
+
+def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
+    """Append one shot attempt (shot, status, where, seconds) to ``attempts.jsonl``.
+
+    The workspace's audit trail: which host, worker and device rendered each shot, and how long it took.
+    One ``O_APPEND`` write per line, so concurrent writers on one file system never interleave lines.
+    """
+    line = json.dumps(
+        {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **_jsonable(record)}, sort_keys=True
+    )
+    fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
+    """Every record of ``attempts.jsonl``, oldest first (empty when no shot was attempted)."""
+    path = ws.path / ATTEMPTS
+    if not path.exists():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise WorkspaceError(f"{path}: cannot read attempt records ({exc})") from exc
 
 
 def read_shot_failure(ws: Workspace, index: int) -> str | None:
