@@ -210,6 +210,18 @@ class ResidentModels:
                     self.loads[c] += 1
             return {c: self._components[c] for c in components}
 
+    def install(self, root: Path, spec: LoadSpec, components: Mapping[str, Any]) -> None:
+        """Make already-built components resident for (root, spec), e.g. random real-size models in a
+        benchmark; later `get` calls for that key return them without loading."""
+        from model.loading import COMPONENTS  # noqa: PLC0415
+
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        with self._lock:
+            if key != self._key:
+                self._drop()
+                self._key = key
+            self._components.update(components)
+
     def clear(self) -> None:
         """Unload everything (the next shot loads again)."""
         with self._lock:
@@ -279,6 +291,8 @@ def audio_digest(path: Path, block: int = 1 << 20) -> str:
 
 def _weights_identity(path: Path) -> str:
     """Resolved path, size and mtime of a weights file or folder (its files)."""
+    if not path.exists():
+        return f"{path.resolve()}:absent"
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     parts = [str(path.resolve())]
     for p in files:
@@ -533,7 +547,7 @@ def _to_tensor(frames: np.ndarray) -> torch.Tensor:
     """uint8 (T, H, W, 3) -> float32 (3, T, H, W) in [-1, 1]."""
     import torch  # noqa: PLC0415
 
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+    return torch.from_numpy(np.array(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0  # a writable copy
 
 
 def _to_uint8(video: torch.Tensor) -> np.ndarray:
@@ -647,14 +661,18 @@ class InfiniteTalkBackend:
         path = root / layout.wav2vec_dir if component == "audio" else root / layout.wan_dir / layout.t5
         return _weights_identity(path)
 
+    def prompt_cache_path(self, film_dir: Path) -> Path:
+        """Where the film's prompt embedding lives (keyed by both prompts and the umT5 weights)."""
+        key = hashlib.sha256(
+            "\0".join([self.opts.prompt, self.opts.negative_prompt, self._model_tag("t5")]).encode()
+        ).hexdigest()[:16]
+        return film_dir / f"prompt-{key}.safetensors"
+
     def prompt_embeddings(self, film_dir: Path, watch: _Stopwatch) -> dict[str, torch.Tensor]:
         """umT5 context / negative context of the configured prompts, cached per film."""
         from safetensors.torch import load_file  # noqa: PLC0415
 
-        key = hashlib.sha256(
-            "\0".join([self.opts.prompt, self.opts.negative_prompt, self._model_tag("t5")]).encode()
-        ).hexdigest()[:16]
-        path = film_dir / f"prompt-{key}.safetensors"
+        path = self.prompt_cache_path(film_dir)
 
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             self.log.info("encoding the prompt with umT5 (once per film) -> %s", path)
