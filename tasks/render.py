@@ -54,7 +54,7 @@ class ShotJob:
     audio_range: tuple[int, int]  # the shot's samples in the dialogue track
     out_path: str  # the shot's lossless intermediate (.mkv)
     config: dict[str, Any]  # PipelineConfig.to_dict()
-    work_dir: str | None = None  # the run's work dir (per-film caches, QC); None: out_path's folder
+    work_dir: str | None = None  # the run's work dir (per-film caches, QC); None: see `run_dir`
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +149,15 @@ class _Timer:
         return {k: round(v, 3) for k, v in self.totals.items()}
 
 
+def run_dir(out: Path) -> Path:
+    """The run's work dir for a shot written to `out` when the job does not name one: the nearest
+    folder above it holding a run-workspace manifest (`workspace.json`), else `out`'s own folder."""
+    for parent in list(out.parents)[:4]:
+        if (parent / "workspace.json").is_file():
+            return parent
+    return out.parent
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = atomic_temp(path)
     tmp.write_text(json.dumps(data, indent=1))
@@ -224,7 +233,7 @@ def render_shot_result(
     plan = ShotPlan.from_dict(job.plan)
     track = DialogueTrack.from_dict(job.dialogue)
     out = Path(job.out_path)
-    work_dir = Path(job.work_dir) if job.work_dir else out.parent
+    work_dir = Path(job.work_dir) if job.work_dir else run_dir(out)
     backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
     a0, a1 = job.audio_range
