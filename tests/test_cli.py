@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_config_layers_and_typed_overrides(tmp_path: Path):
     base = load_config()
     assert (
-        base.backend.name == "passthrough"
+        (base.backend.name, base.infinitetalk.mode, base.infinitetalk.weights)
+        == ("infinitetalk", "tiny", None)
         and base.frames.bucket == "480"
         and base.audio.length_policy == "error"
     )

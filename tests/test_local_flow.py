@@ -24,7 +24,9 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _job(tmp: Path, clip: Path, overrides: list[str], start: int = 0, end: int | None = None) -> ShotJob:
-    cfg = load_config(overrides=["plan.frame_num=9", "plan.motion_frames=1", *overrides])
+    cfg = load_config(
+        overrides=["backend.name=passthrough", "plan.frame_num=9", "plan.motion_frames=1", *overrides]
+    )
     info = probe(clip)
     end = info.frame_count if end is None else end
     dub = make_audio(tmp / "dub.wav", info.video_duration_s)
