@@ -157,14 +157,20 @@ def test_faceless_and_silent_shots_pass_through_bit_identical(
 def test_one_model_load_for_several_shots_from_a_root_in_the_official_layout(
     tmp_path: Path, ws_root: Path, resident: ResidentModels
 ):
-    """backend.options.weights=<tiny root> goes through the same loader as a real root; three shots in one
-    process load every component once and share the film's prompt and audio-feature caches."""
+    """backend.options.weights=<tiny root> goes through the same loader as a real root; four shots in one
+    process (one of them video-to-video) load every component once and share the film's prompt and
+    audio-feature caches."""
     root = ws_root / ".cache" / "tiny-weights-seed0"
     over = [f"backend.options.weights={root}", "gate.policy=all", *SHORT_CHUNKS]
     results = [
         render_shot_result(_job(tmp_path, ws_root, i, span, over, name=f"s{i}"))
         for i, span in ((0, (0, 5)), (4, (210, 215)), (1, (60, 64)))
     ]
+    # video-to-video (denoise 0.5: the source crop noised half-way) with the same resident models
+    v2v = render_shot_result(
+        _job(tmp_path, ws_root, 0, (0, 5), [*over, "backend.options.denoise_strength=0.5"], "v2v")
+    )
+    assert v2v["dubbed"] and not np.array_equal(decode_all(v2v["path"]), decode_all(results[0]["path"]))
     assert all(r["dubbed"] and r["tiny"] and r["chunks"] == 1 for r in results)
     assert resident.loads == Counter({"t5": 1, "audio": 1, "dit": 1, "vae": 1, "clip": 1})
     assert resident._key is not None and resident._key[0] == str(root.resolve())
