@@ -2,7 +2,8 @@
 
 Most tests need no Prefect server; tests that run flows in-process opt in with the session fixture
 ``prefect_harness`` (e.g. ``pytestmark = pytest.mark.usefixtures("prefect_harness")``). End-to-end tests
-that need real workers use ``tests/stack.py`` instead.
+that need real workers share ``dub_stack``: the project's stack (``scripts/stack.sh``, ``prefect.yaml``)
+with one cpu worker and two "gpu" workers, started once per session (``tests/stack.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.stack import Stack, running_stack
 
 # Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
 # server's telemetry otherwise logs "database is locked" noise.
@@ -34,3 +37,15 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         prefect_test_harness(server_startup_timeout=120),
     ):
         yield results
+
+
+@pytest.fixture(scope="session")
+def dub_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The real stack in a temporary Prefect home: server, pools, deployments, cpu + 2 gpu workers.
+
+    The code version is pinned: other work landing in flows/ tasks/ model/ while the tests run must
+    not move a film to a new workspace between two of its runs.
+    """
+    base = tmp_path_factory.mktemp("stack")
+    with running_stack(base, n_gpu_workers=2, env={"DUBFLOW_CODE_VERSION": "e2e"}) as stack:
+        yield stack

@@ -76,7 +76,7 @@ class Stack:
             ["prefect", *args], cwd=PROJECT_DIR, env=self.env, capture_output=True, text=True, timeout=timeout
         )
 
-    def run_deployment(self, name: str, params: Mapping[str, Any], *, timeout: float = 240) -> DeploymentRun:
+    def run_deployment(self, name: str, params: Mapping[str, Any], *, timeout: float = 300) -> DeploymentRun:
         """``prefect deployment run NAME --param k=<json> ... --watch``; returns when the run is final."""
         args = ["deployment", "run", name, "--watch", "--watch-timeout", str(int(timeout))]
         for key, value in params.items():
@@ -170,8 +170,12 @@ def running_stack(
     n_gpu_workers: int = 2,
     ui: bool = False,
     start_timeout: float = 300,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """Start the stack under ``base`` (Prefect home, workspace) and tear it down on exit."""
+    """Start the stack under ``base`` (Prefect home, workspace) and tear it down on exit.
+
+    ``env`` adds variables for every stack process (workers pass them on to their flow runs).
+    """
     home = base / "prefect"
     stack = Stack(
         home=home,
@@ -180,10 +184,12 @@ def running_stack(
                 "DUBFLOW_PREFECT_HOME": str(home),
                 "DUBFLOW_PORT": str(free_port()),
                 "DUBFLOW_WORKSPACE": str(base / "workspace"),
+                "DUBFLOW_OUT_DIR": str(base / "out"),
                 "DUBFLOW_PREFECT_FILE": prefect_file,
                 "DUBFLOW_NO_UI": "0" if ui else "1",
                 "N_GPUS": str(n_gpu_workers),
                 "PREFECT_WORKER_QUERY_SECONDS": "1",
+                **(env or {}),
             }
         ),
     )
