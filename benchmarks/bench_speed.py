@@ -512,6 +512,10 @@ class Run:
         return {"computed_of_40": computed, "reused_call": r}
 
     def fp8(self) -> dict:
+        if "inp480" not in self.state:  # focused rerun (--only): no bf16 sections before this one
+            self.state["inp480"] = self.inputs("480p")
+        if not any(getattr(b, "_compiled_call_impl", None) for b in self.model.blocks):
+            compile_blocks(self.model, backend=self.compile_backend)
         t0 = time.perf_counter()
         n = convert_to_fp8(self.model)
         if self.cuda:
@@ -522,6 +526,8 @@ class Run:
         out: dict = {"converted": n, "convert_s": convert_s}
         # eager fp8: the activation quantization runs as separate passes
         try:
+            if self.args.only:
+                raise RuntimeError("skipped in a focused (--only) run")
             with torch.compiler.set_stance("force_eager"):
                 r = self.clock.time(lambda: self.forward(inp), warmup=1, repeats=1)
             self.row("fp8 eager (unfused quant)", "480p", r["seconds"], self.floor("480p"), r["peak_gib"])
@@ -542,10 +548,11 @@ class Run:
         self.row("fp8 compiled", "480p", r["seconds"], self.floor("480p"), r["peak_gib"], compile_s=compile_s)
         out["compiled"] = {**r, "compile_s": compile_s}
         self.state["fp8_out"] = res.float().cpu()
-        out["drift_vs_bf16_compiled"] = rel_err(res.float().cpu(), self.state["bf16_out"])
-        out["drift_vs_bf16_eager"] = rel_err(res.float().cpu(), self.state["eager_out"])
-        out["bf16_compiled_vs_eager"] = rel_err(self.state["bf16_out"], self.state["eager_out"])
-        self.log(f"fp8 drift {out['drift_vs_bf16_compiled']}")
+        if "bf16_out" in self.state:
+            out["drift_vs_bf16_compiled"] = rel_err(res.float().cpu(), self.state["bf16_out"])
+            out["drift_vs_bf16_eager"] = rel_err(res.float().cpu(), self.state["eager_out"])
+            out["bf16_compiled_vs_eager"] = rel_err(self.state["bf16_out"], self.state["eager_out"])
+            self.log(f"fp8 drift {out['drift_vs_bf16_compiled']}")
         return out
 
     def offload(self) -> dict:
@@ -649,13 +656,14 @@ class Run:
     def chunk(self) -> dict:
         """Whole chunks through stream_generate (fast mode), CPU post-processing inline vs overlapped."""
         c, dev, dtype = self.config, self.device, self.dtype
-        vae = self.state.get("vae") or random_vae(
-            VAEConfig(dim=8) if self.tiny else VAEConfig(), str(dev), torch.float32
-        )
+        vae_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.args.chunk_vae]
+        vae = self.state.get("vae") if vae_dtype == torch.float32 else None
+        if vae is None:
+            vae = random_vae(VAEConfig(dim=8) if self.tiny else VAEConfig(), str(dev), vae_dtype)
         clip = self.state.get("clip")
         height, width = (32, 48) if self.tiny else (480, 832)
         frame_num, motion = (9, 1) if self.tiny else (81, 9)
-        chunks = 2
+        chunks = self.args.chunks
         n_frames = frame_num + (chunks - 1) * (frame_num - motion)
         g = torch.Generator(device=dev).manual_seed(4)
         meter = GpuMeter(self.cuda)
@@ -718,12 +726,17 @@ class Run:
             meter.pairs.clear()
             pf = Prefetcher(depth=2, name="post")
             cpu_inline = 0.0
+            marks: list[tuple[float, float]] = []  # (wall time, GPU busy so far) at each chunk end
 
             def on_chunk(out):
                 nonlocal cpu_inline
+                self.clock.sync()
+                marks.append((time.perf_counter(), sum(meter.seconds().values())))
                 u8 = ((out.frames.float() + 1) * 127.5).clamp(0, 255).to(torch.uint8)
                 host = u8.permute(1, 2, 3, 0).contiguous().cpu().numpy()  # (T, H, W, 3)
                 if mode == "prefetch":
+                    while len(pf) >= pf.depth:  # backpressure: take the oldest writer's result first
+                        pf.next()
                     pf.submit(post_process, host, name=f"post chunk {out.spec.index}")
                 else:
                     t0 = time.perf_counter()
@@ -749,16 +762,32 @@ class Run:
                 "gpu_s": gpu,
                 "gpu_idle_pct": 100.0 * (1 - busy / wall),
                 "cpu_post_s": pf.busy_seconds if mode == "prefetch" else cpu_inline,
+                "vae": self.args.chunk_vae,
+                "chunks": chunks,
             }
+            if len(marks) >= 3:  # steady state: between the first and the last chunk end (no ramp, no tail)
+                span, gpu_span = marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
+                res["steady_per_chunk_s"] = span / (len(marks) - 1)
+                res["steady_gpu_idle_pct"] = 100.0 * (1 - gpu_span / span)
+            label = (
+                f"chunk fast fp8 4 steps 1 call, VAE {self.args.chunk_vae}, {chunks} chunks, CPU post {mode}"
+            )
             self.row(
-                f"chunk fast fp8 4 steps 1 call, CPU post {mode}", "480p", res["per_chunk_s"], None, None,
+                label, "480p", res["per_chunk_s"], None, None,
                 gpu_idle_pct=res["gpu_idle_pct"], split={k: v / chunks for k, v in gpu.items()},
             )  # fmt: skip
+            if "steady_per_chunk_s" in res:
+                self.row(
+                    f"  steady state (chunks 2..{chunks}, {mode})", "480p", res["steady_per_chunk_s"], None, None,
+                    gpu_idle_pct=res["steady_gpu_idle_pct"], split={},
+                )  # fmt: skip
             return res
 
-        out = {"prefetch": run("prefetch")}
-        if self.tiny or self.remaining() > 60:
-            out["inline"] = run("inline")
+        out = {}
+        for mode in self.args.chunk_modes:
+            if mode == "inline" and not self.tiny and self.remaining() < 60:
+                continue
+            out[mode] = run(mode)
         return out
 
     def composed(self) -> dict:
@@ -843,6 +872,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="run only these sections")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--md", type=Path, default=None, help="write the table (markdown) here")
+    p.add_argument(
+        "--chunk-vae", choices=("fp32", "bf16"), default="fp32", help="VAE dtype of the chunk runs"
+    )
+    p.add_argument("--chunks", type=int, default=2, help="chunks per chunk run (>= 3 gives steady state)")
+    p.add_argument("--chunk-modes", nargs="+", default=["prefetch", "inline"], choices=("prefetch", "inline"))
     args = p.parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
         p.error("needs CUDA; use --tiny for a CPU smoke run")

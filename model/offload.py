@@ -195,7 +195,7 @@ class BlockOffload:
 # Peak device bytes of an untiled Wan-VAE decode per output pixel of one frame, by VAE dtype (the
 # decoder works on one latent frame = 4 video frames at a time, so the peak scales with H*W only).
 # Measured with benchmarks/bench_speed.py on an H200 (480P, 81 frames); see benchmarks/RESULTS.md.
-VAE_DECODE_BYTES_PER_PIXEL = {torch.float32: 16_000, torch.bfloat16: 8_000}
+VAE_DECODE_BYTES_PER_PIXEL = {torch.float32: 23_000, torch.bfloat16: 12_000}
 
 
 def free_device_memory(device: torch.device | str) -> int:

@@ -15,6 +15,8 @@ Typical backend use::
             if k + 1 < len(plan):
                 inputs.submit(load_chunk_inputs, plan[k + 1], name=f"inputs {k + 1}")
             frames = generate(inputs.next())                        # GPU
+            if len(outputs) == outputs.depth:
+                outputs.next()                                       # oldest write done (or raise)
             outputs.submit(write_chunk, frames.cpu(), name=f"write {k}")  # CPU, overlapped
         outputs.drain()                                              # re-raises any writer error
 """
@@ -40,7 +42,8 @@ class Prefetcher:
     """Ordered background jobs with bounded look-ahead.
 
     `submit` blocks while `depth` jobs are pending (results not yet taken), so a slow consumer
-    cannot pile up decoded frames. `next()` returns the oldest job's result (waiting for it);
+    cannot pile up decoded frames; a caller that submits more than `depth` jobs must take results
+    (`next()`) in between, or the next `submit` waits forever. `next()` returns the oldest job's result (waiting for it);
     `drain()` waits for all and returns their results. `busy_seconds` sums the jobs' own run
     times (what the overlap hides), `wait_seconds` the time callers spent blocked on results.
     """
