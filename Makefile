@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dubflow-installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo demo-local test lint clean
 
 setup: $(STAMP)
 
@@ -21,12 +21,17 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The bundled sample film through the local command with the default config: the infinitetalk backend in
-# tiny mode (TINY RANDOM WEIGHTS, written once under workspace/.cache: a pipeline check, NOT a dubbing result;
-# ~1-2 min on 2 CPU cores); prints the output path. Prefect runs in-process (its ephemeral server unless
-# PREFECT_API_URL is set: ~20-40 s of start-up); `make demo DEMO_ARGS=--no-prefect` skips Prefect,
-# `DEMO_ARGS="--backend passthrough"` is the dry run.
+# The bundled sample film through the real deployment (scripts/demo.sh): starts the local Prefect stack
+# (server + UI, pools, deployments, one worker on GPU 0 or the CPU), runs `prefect deployment run
+# dub-film/default ... --watch` with the default config (infinitetalk in tiny mode without weights: TINY
+# RANDOM WEIGHTS, a pipeline check, NOT a dubbing result), prints the output path and the run's UI URL.
+# Safe to run twice (the second run reuses every shot); `make stack-stop` stops the stack.
 demo: setup
+	scripts/demo.sh
+
+# The same film through the local command (Prefect in-process, no stack): `DEMO_ARGS=--no-prefect` skips
+# Prefect, `DEMO_ARGS="--backend passthrough"` is the dry run.
+demo-local: setup
 	$(BIN)/dubflow dub data/sample_film.mp4 --audio data/sample_dub.wav --out out/sample_film.dubbed.mp4 \
 		$(DEMO_ARGS)
 

@@ -26,6 +26,7 @@ failed shots, and a shot resumes at its last finished chunk.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -65,7 +66,7 @@ from tasks.config import DebugConfig, PipelineConfig, load_config
 from tasks.errors import ConfigError, DubflowError
 from tasks.plan import plan_film
 from tasks.probe import VideoInfo, probe
-from tasks.render import ShotJob, render_shot
+from tasks.render import ShotJob, render_shot_result
 from tasks.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
@@ -257,27 +258,26 @@ class BackendSlot:
     """The group's backend: built on first use (a group of cached shots loads nothing), then reused
     for the group's later shots, so one group process pays one model load."""
 
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
-        self.name = name
-        self.options = dict(options)
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
         self.load_s: float | None = None
         self._backend: Backend | None = None
 
     @classmethod
     def for_config(cls, config: dict[str, Any]) -> BackendSlot:
-        backend = config["backend"]
-        return cls(backend["name"], backend.get("options", {}))
+        return cls(PipelineConfig.from_dict(config))
 
     def get(self) -> Backend:
         if self._backend is None:
             t0 = time.monotonic()
-            self._backend = get_backend(self.name, self.options)
+            backend = self.config.backend
+            self._backend = get_backend(backend.name, backend.options, config=self.config)
             self.load_s = time.monotonic() - t0
         return self._backend
 
 
 def shot_result(raw: str | dict[str, Any], shot: dict[str, Any], backend: str, seconds: float) -> dict:
-    """The renderer's ShotResult dict (or, from an older renderer, its output path) made complete."""
+    """The renderer's ShotResult dict, with defaults for any field it leaves out (or a bare path)."""
     base = {
         "index": shot["index"],
         "path": None,
@@ -335,6 +335,7 @@ def render_one_shot(
         tuple(shot["audio_range"]),
         str(ws.shot_dir(index) / "shot.mkv"),
         film["config"],
+        work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
     )
     hooks = [h for h in (on_progress, _fault(ws, index, cfg.debug)) if h is not None]
 
@@ -345,7 +346,7 @@ def render_one_shot(
     where = where_am_i()
     t0 = time.monotonic()
     try:
-        raw = render_shot(job, on_progress=report if hooks else None, backend=backends.get())
+        raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get())
     except Exception as exc:
         log_attempt(ws, {"shot": index, "status": "failed", "reason": _reason(exc), **where,
                          "seconds": round(time.monotonic() - t0, 3)})  # fmt: skip
@@ -663,6 +664,10 @@ def run_pipeline(
     t0 = time.monotonic()
     logger = _logger()
     cfg = PipelineConfig.from_dict(config)
+    # every process of the run (group runs on other hosts too) sees the one resolved workspace root
+    cfg = dataclasses.replace(
+        cfg, workspace=dataclasses.replace(cfg.workspace, root=str(Path(workspace_root(cfg)).resolve()))
+    )
     cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
@@ -673,7 +678,7 @@ def run_pipeline(
     name, tag = Path(source).name, film_tag(source)
     video = runner.call(probe_source, source, cfgd, name=name)
     ws = Workspace.from_dict(
-        runner.call(open_film_workspace, source, audio, cfgd, workspace_root(cfg), name=name)
+        runner.call(open_film_workspace, source, audio, cfgd, cfg.workspace.root, name=name)
     )
     shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
     n, fps = shots["frame_count"], shots["fps"]

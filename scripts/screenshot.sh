@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Screenshot of a flow run's page in the Prefect UI (headless Chromium, fully offline).
+# Screenshot of a flow run's page in the Prefect UI (headless Chromium, fully offline), with the run
+# graph's subflows expanded: a film run shows its group runs and, inside them, every shot task run with
+# its progress artifact (scripts/ui_capture.py drives Chromium over the DevTools protocol).
 #   scripts/screenshot.sh RUN_ID OUT.png [WIDTHxHEIGHT]
 # The UI is the one serving PREFECT_API_URL (see scripts/env.sh). Installs Debian's `chromium` with
-# apt-get when no Chromium is found (needs root or sudo).
+# apt-get when no Chromium is found (needs root or sudo). SCREENSHOT_COLORS=0 keeps full colour
+# (default: a 256-colour PNG).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -23,13 +26,9 @@ fi
 
 ui="${PREFECT_API_URL%/api}"
 url="$ui/runs/flow-run/$run_id"
-profile="$(mktemp -d)"
-trap 'rm -rf "$profile"' EXIT
 mkdir -p "$(dirname "$out")"
-# virtual-time-budget lets the single-page app fetch and lay out the run graph before the capture.
-"$browser" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
-  --disable-background-networking --disable-component-update --disable-sync --no-first-run \
-  --user-data-dir="$profile" --window-size="${size/x/,}" --virtual-time-budget=20000 \
-  --screenshot="$out" "$url" >/dev/null 2>&1 || true
+rm -f "$out"
+python "$DUBFLOW_PROJECT_DIR/scripts/ui_capture.py" "$url" "$out" --size "$size" --expand-subflows \
+  --colors "${SCREENSHOT_COLORS:-256}" --browser "$browser" || true
 [ -s "$out" ] || { echo "screenshot: chromium wrote no image for $url" >&2; exit 1; }
 echo "$out"
