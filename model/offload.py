@@ -5,9 +5,9 @@ keeps only `slots` (default 2) block-sized device buffers. Before block i runs, 
 on the device (one H2D copy per block, issued on a side CUDA stream while block i-1 computes); the
 block's tensors are re-pointed at that slot (`tensor.data = view`) and block i+1 is prefetched into the
 next slot as soon as the block that last used it has finished (CUDA events order the two streams).
-At 480P a block computes for ~50-60 ms while its fp8 weights (0.37 GB) cross PCIe in ~10 ms, so the
-copies hide behind compute; the device then holds 2 blocks instead of 40 (~17 GB less in fp8, ~34 GB
-in bf16).
+At 480P a block computes for ~66 ms while its fp8 bytes (0.43 GiB) cross PCIe in ~17 ms (27 GB/s
+measured on an H200), so the copies hide behind compute: the 480P fp8 forward under a 24 GiB cap ran
+at 1.00x the resident time with a 4.4 GiB peak (benchmarks/RESULTS.md).
 
 Each block is wrapped in an `OffloadedBlock` (hooks would be traced into a compiled block); the
 wrapped `DiTBlock` can still be compiled with `model.compile.compile_blocks`. Without CUDA (tests) the
