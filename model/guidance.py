@@ -9,7 +9,8 @@ combination it runs. Branch names are shared with the DiT's `branch` kwarg and t
 * ``drop_audio`` – real text context, null audio (only when the text scale is 1)
 
 With a text guidance scale of 1 only ``cond`` and ``drop_audio`` are needed (2 calls per step);
-otherwise ``cond``, ``drop_text`` and ``uncond`` (3 calls), always in that order.
+with both scales 1 (distilled 4-step LoRAs) guidance vanishes and ``cond`` alone is evaluated
+(1 call); otherwise ``cond``, ``drop_text`` and ``uncond`` (3 calls), always in that order.
 
 APG (adaptive projected guidance, arXiv:2410.02416) replaces each guidance difference by its
 momentum-averaged, norm-clipped component orthogonal to the conditional prediction.
@@ -24,12 +25,27 @@ import torch
 
 BRANCHES_FULL: tuple[str, ...] = ("cond", "drop_text", "uncond")
 BRANCHES_TEXT_SCALE_1: tuple[str, ...] = ("cond", "drop_audio")
+BRANCHES_NO_GUIDANCE: tuple[str, ...] = ("cond",)
 
 _NORM_DIMS = (-4, -3, -2, -1)  # (C, T, H, W) of a latent, batch dims left alone
 
 
-def guidance_branches(text_guide_scale: float) -> tuple[str, ...]:
-    """Model branches a step evaluates, in call order (2 when the text scale is 1, else 3)."""
+def _no_guidance(text_guide_scale: float, audio_guide_scale: float | None) -> bool:
+    return (
+        audio_guide_scale is not None
+        and math.isclose(text_guide_scale, 1.0)
+        and math.isclose(audio_guide_scale, 1.0)
+    )
+
+
+def guidance_branches(text_guide_scale: float, audio_guide_scale: float | None = None) -> tuple[str, ...]:
+    """Model branches a step evaluates, in call order.
+
+    1 when both scales are 1 (the combination is then exactly ``cond``), 2 when only the text
+    scale is 1, else 3. Without `audio_guide_scale` the official 2/3-call rule applies.
+    """
+    if _no_guidance(text_guide_scale, audio_guide_scale):
+        return BRANCHES_NO_GUIDANCE
     return BRANCHES_TEXT_SCALE_1 if math.isclose(text_guide_scale, 1.0) else BRANCHES_FULL
 
 
@@ -39,8 +55,11 @@ def cfg_combine(
     """Vanilla dual CFG: the velocity prediction before the Euler sign flip.
 
     3 branches: ``uncond + s_t (cond - drop_text) + s_a (drop_text - uncond)``;
-    text scale 1: ``drop_audio + s_a (cond - drop_audio)``.
+    text scale 1: ``drop_audio + s_a (cond - drop_audio)``; both scales 1 with only ``cond``
+    evaluated: ``cond``.
     """
+    if set(preds) == set(BRANCHES_NO_GUIDANCE) and _no_guidance(text_guide_scale, audio_guide_scale):
+        return preds["cond"]
     if math.isclose(text_guide_scale, 1.0):
         drop_audio = preds["drop_audio"]
         return drop_audio + audio_guide_scale * (preds["cond"] - drop_audio)
@@ -119,6 +138,8 @@ def apg_combine(
     text scale 1: ``cond + (s_a-1) APG(cond - drop_audio)``. Buffers in `state` are updated.
     """
     cond = preds["cond"]
+    if set(preds) == set(BRANCHES_NO_GUIDANCE) and _no_guidance(text_guide_scale, audio_guide_scale):
+        return cond
     thr = state.norm_threshold
     if math.isclose(text_guide_scale, 1.0):
         g_audio, n_audio = adaptive_projected_guidance(cond - preds["drop_audio"], cond, state.audio, thr)

@@ -665,7 +665,9 @@ def denoise_chunk(
     noise of later chunks); the dead write is skipped.
     """
     t_m = motion_latent.shape[2]
-    branches = guidance_branches(settings.text_guide_scale)
+    # official plan mode keeps the official call pattern (it never drops below 2 calls)
+    audio_scale = None if settings.plan == "official" else settings.audio_guide_scale
+    branches = guidance_branches(settings.text_guide_scale, audio_scale)
     calls = branch_inputs(branches, context, context_null, audio)
     apg = APGState(settings.apg_momentum, settings.apg_norm_threshold) if settings.use_apg else None
 

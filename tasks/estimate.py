@@ -172,7 +172,7 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
         steps
         - dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength).start_step
     )
-    branches = len(guidance_branches(opts.text_guide_scale))
+    branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
     precision = "float32" if opts.mode == "tiny" else (opts.quant if opts.quant != "none" else opts.dtype)
     est, missing = cfg.estimate, []
     fwd = _figure(

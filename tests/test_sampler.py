@@ -366,3 +366,20 @@ def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) ->
     )
     err = (out.video - full.video).abs().max() / full.video.abs().max()
     assert out.video.device.type == "cpu" and err < 1e-3, f"CUDA vs CPU relative error {err:.2e}"
+
+
+def test_both_scales_one_makes_one_call_per_step_and_equals_two_call_result():
+    """Distilled-LoRA settings (text = audio = 1): guidance vanishes, so one `cond` call per step
+    gives what the 2-call combination gives, up to float rounding."""
+    from model.guidance import cfg_combine, guidance_branches
+
+    assert guidance_branches(1.0, 1.0) == ("cond",)
+    assert guidance_branches(1.0, 4.0) == ("cond", "drop_audio")
+    assert guidance_branches(1.0) == ("cond", "drop_audio")  # official rule without the audio scale
+    assert guidance_branches(5.0, 1.0) == ("cond", "drop_text", "uncond")
+    g = torch.Generator().manual_seed(0)
+    cond, drop_audio = torch.randn(2, 1, 16, 3, 4, 4, generator=g)
+    one = cfg_combine({"cond": cond}, 1.0, 1.0)
+    two = cfg_combine({"cond": cond, "drop_audio": drop_audio}, 1.0, 1.0)
+    assert torch.equal(one, cond)
+    torch.testing.assert_close(one, two, rtol=0, atol=1e-6)
