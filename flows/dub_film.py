@@ -33,6 +33,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -498,6 +499,7 @@ def run_group(
     workspace = Workspace.from_dict(ws)
     if all(shot_done(workspace, s["index"], s["plan_hash"]) for s in shots):
         return group_report(workspace, shots)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     if fanout == "deployments":
         child = run_deployment(
             GROUP_DEPLOYMENT,
@@ -514,6 +516,10 @@ def run_group(
         outcome, ok = f"subflow ended {state.name}", state.is_completed()
     report = group_report(workspace, shots)
     if not ok or report["failed"]:
+        for index in report["failed"]:  # never attempted in this child (e.g. it crashed): say so
+            record = read_shot_failed(workspace, index)
+            if record is None or str(record.get("failed", "")) < started:
+                mark_shot_failed(workspace, index, f"{name}: {outcome}")
         raise RuntimeError(f"{name}: {outcome}; shots not done: {report['failed']}")
     return report
 
