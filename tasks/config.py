@@ -116,6 +116,7 @@ class InfiniteTalkConfig:
     weights: str | None  # weights root in the official layout; None = tiny random weights (pipeline check)
     mode: Literal["tiny", "infinitetalk-480", "infinitetalk-720"]
     device: str  # auto | cpu | cuda | cuda:N
+    gpus_per_shot: int  # >= 1: N-way sequence parallelism over N resident ranks (GPUs 0..N-1 visible)
     dtype: Literal["bfloat16", "float16", "float32"]
     quant: Literal["none", "fp8", "int8"]
     loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
@@ -202,7 +203,12 @@ class PipelineConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:
-        return _build(cls, data, source, prefix="")
+        cfg = _build(cls, data, source, prefix="")
+        if cfg.infinitetalk.gpus_per_shot < 1:
+            raise ConfigError(
+                source, f"infinitetalk.gpus_per_shot: must be >= 1, got {cfg.infinitetalk.gpus_per_shot}"
+            )
+        return cfg
 
 
 def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:

@@ -30,9 +30,11 @@ reason and every dubbed frame says so: it is a pipeline check, not a dubbing res
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import gc
 import hashlib
 import logging
@@ -115,6 +117,12 @@ def resolve_options(
             )
     if cfg.audio.sample_rate != WAV2VEC_RATE:
         raise ConfigError("audio.sample_rate", f"InfiniteTalk's wav2vec2 needs {WAV2VEC_RATE} Hz audio")
+    if opts.gpus_per_shot > 1 and opts.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(
+            "infinitetalk.device",
+            f"{opts.device}: with gpus_per_shot > 1 rank r uses visible GPU r; pick them with "
+            "CUDA_VISIBLE_DEVICES and set device auto or cuda",
+        )
     if not 0.0 < opts.denoise_strength <= 1.0:
         raise ConfigError("infinitetalk.denoise_strength", f"must be in (0, 1], got {opts.denoise_strength}")
     return opts
@@ -185,6 +193,11 @@ class ResidentModels:
     `render_shot` call each, and reloading ~50 GB of weights per shot would dominate. Components are
     loaded on first use (umT5 and wav2vec2 only when a per-film cache file is missing); asking for
     another root or spec drops the current set first. `loads` counts loads per component (tests).
+
+    With `gpus_per_shot: N > 1` it also holds the process's `model.parallel.ShotWorker`: N rank processes
+    started on the first dubbed shot, each with its share of the generation models resident, kept for
+    later shots and closed by `close()` (registered with `atexit`). `loads["shot_worker"]` counts starts;
+    `worker_stats` is rank 0's last answer: its pid and the jobs it has run since its setup.
     """
 
     def __init__(self) -> None:
@@ -192,6 +205,11 @@ class ResidentModels:
         self._key: tuple[str, Any] | None = None
         self._components: dict[str, Any] = {}
         self.loads: Counter[str] = Counter()
+        self._worker: Any | None = None  # model.parallel.ShotWorker
+        self._worker_key: tuple[str, Any, int] | None = None
+        self._worker_dit_config: Any | None = None
+        self._atexit = False
+        self.worker_stats: dict[str, int] = {}
 
     def get(self, root: Path, spec: LoadSpec, components: tuple[str, ...]) -> dict[str, Any]:
         """The requested components (loading the missing ones in one `load_models` call)."""
@@ -223,10 +241,61 @@ class ResidentModels:
             self._components.update(components)
 
     def clear(self) -> None:
-        """Unload everything (the next shot loads again)."""
+        """Unload everything and stop the shot worker (the next shot loads / starts again)."""
         with self._lock:
             self._drop()
             self._key = None
+            self._close_worker()
+
+    close = clear
+
+    def shot_worker_config(self, root: Path, spec: LoadSpec, world_size: int) -> Any:
+        """Start the ShotWorker for (root, spec, N) unless it runs already; returns its DiT config."""
+        from model.loading import COMPONENTS  # noqa: PLC0415
+        from model.parallel import ShotWorker  # noqa: PLC0415
+
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS), world_size)
+        with self._lock:
+            if self._worker is not None and self._worker_key != key:
+                self._close_worker()
+            if self._worker is None:
+                worker = ShotWorker(
+                    world_size,
+                    functools.partial(_rank_setup, key[0], key[1]),
+                    _rank_handle,
+                    backend="gloo" if spec.device == "cpu" else "nccl",
+                )
+                worker.start()
+                self._worker, self._worker_key = worker, key
+                self.loads["shot_worker"] += 1
+                if not self._atexit:
+                    atexit.register(self.close)
+                    self._atexit = True
+                self._worker_dit_config = self._run_locked({"describe": True})
+            return self._worker_dit_config
+
+    def run_chunk(self, job: ChunkJob) -> dict[str, Any]:
+        """One chunk on the running ShotWorker: {"index", "frames" uint8 (n, H, W, 3), "state" dict}."""
+        with self._lock:
+            if self._worker is None:
+                raise RuntimeError("ResidentModels.run_chunk: no shot worker (shot_worker_config first)")
+            return self._run_locked({"chunk": job})
+
+    def _run_locked(self, job: dict[str, Any]) -> Any:
+        from model.parallel import ShotWorkerError  # noqa: PLC0415
+
+        try:
+            out = self._worker.run(job)
+        except ShotWorkerError:
+            self._worker = self._worker_key = None  # it closed itself: the next shot starts a new one
+            raise
+        self.worker_stats = {"pid": out["pid"], "jobs": out["jobs"]}
+        return out["result"]
+
+    def _close_worker(self) -> None:
+        worker, self._worker, self._worker_key = self._worker, None, None
+        if worker is not None:
+            worker.close()
 
     def _drop(self) -> None:
         if not self._components:
@@ -611,6 +680,116 @@ class _TimedVAE:
             return self.vae.decode(latent)
 
 
+# ------------------------------------------------------------------------------------ one chunk
+
+
+@dataclass
+class ChunkJob:
+    """Everything one chunk's generation needs besides the models. Picklable: with `gpus_per_shot > 1`
+    it is the job record a `ShotWorker` broadcasts to its ranks (tensors on the host)."""
+
+    settings: Any  # model.sampler.SamplerSettings
+    context: torch.Tensor  # (Lt, Dt) umT5 prompt embedding
+    context_null: torch.Tensor  # (Lt, Dt)
+    audio: torch.Tensor  # (L, 12, 768) the shot's wav2vec2 features
+    masks: torch.Tensor  # (3, h, w) speaker masks
+    n_frames: int  # model frames of the shot
+    reference: torch.Tensor  # (3, 1, H, W) in [-1, 1]: the chunk's reference frame
+    source: torch.Tensor | None  # (3, T, H, W) the chunk's source model frames (video-to-video only)
+    state: Any | None  # model.sampler.StreamState after the previous chunk; None = chunk 0
+    teacache: float | None  # TeaCache threshold
+    teacache_preset: str
+
+
+@dataclass
+class ChunkModels:
+    """The generation models as `generate_chunk` calls them (timed in-process; SP-wrapped in a rank)."""
+
+    dit: Callable[..., Any]
+    vae: Any  # encode / decode
+    clip_fn: Callable[[torch.Tensor], torch.Tensor]
+    color_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None
+    device: str
+
+
+def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
+    """One `stream_generate(max_chunks=1)` call -> its `model.sampler.ChunkOutput` (kept frames, state).
+
+    The one code path of the generation: the calling process runs it with `gpus_per_shot: 1`, every rank
+    of the ShotWorker with more. Noise comes from a CPU generator seeded for chunk 0 and restored from the
+    state afterwards, so the result does not depend on where or in which process a chunk runs.
+    """
+    import torch  # noqa: PLC0415
+
+    from model.sampler import Conditioning, stream_generate  # noqa: PLC0415
+
+    source = job.source
+    cond = Conditioning(
+        context=job.context.to(models.device),
+        context_null=job.context_null.to(models.device),
+        audio=[job.audio],
+        ref_target_masks=job.masks,
+        clip_fn=models.clip_fn,
+        n_frames=job.n_frames,
+        source_video_fn=None if source is None else (lambda start, stop: source[:, : stop - start]),
+    )
+    generator = torch.Generator("cpu")
+    if job.state is None:
+        generator.manual_seed(job.settings.seed)
+    teacache = None
+    if job.teacache is not None:
+        from model.teacache import TeaCache, TeaCacheConfig  # noqa: PLC0415
+
+        steps = job.settings.sampling_steps - job.settings.start_step
+        teacache = TeaCache(TeaCacheConfig(threshold=job.teacache, preset=job.teacache_preset), steps)
+    outputs: list[Any] = []
+    stream_generate(
+        models.dit,
+        models.vae,
+        cond=cond,
+        settings=job.settings,
+        reference_frame_fn=lambda index, start: job.reference,
+        color_fn=models.color_fn,
+        state=job.state,
+        on_chunk=outputs.append,
+        generator=generator,
+        teacache=teacache,
+        collect=False,
+        max_chunks=1,
+    )
+    (out,) = outputs
+    return out
+
+
+def _rank_setup(root: str, spec: LoadSpec, sp: Any) -> dict[str, Any]:
+    """ShotWorker setup of one rank: the DiT (sequence-parallel) everywhere, VAE and CLIP on rank 0 only."""
+    from model.loading import load_models  # noqa: PLC0415
+    from model.parallel import RankZeroCodec  # noqa: PLC0415
+    from tasks.color import match_and_blend  # noqa: PLC0415
+
+    components = ("dit", "vae", "clip") if sp.is_writer() else ("dit",)
+    models = load_models(root, dataclasses.replace(spec, device=str(sp.device), components=components))
+    sp.attach(models.dit)
+    vae = RankZeroCodec(sp, models.vae)  # decoded video / latents broadcast: identical on every rank
+    clip = RankZeroCodec(sp, models.clip)  # CLIP features likewise
+    chunk_models = ChunkModels(models.dit, vae, clip.encode, match_and_blend, str(sp.device))
+    return {"models": chunk_models, "jobs": 0}
+
+
+def _rank_handle(sp: Any, rank: dict[str, Any], job: dict[str, Any]) -> dict[str, Any] | None:
+    """ShotWorker job of one rank: {"describe": True} -> the DiT config; {"chunk": ChunkJob} -> rank 0's
+    kept frames (uint8 (n, H, W, 3)) and the state after the chunk (host tensors)."""
+    rank["jobs"] += 1
+    if job.get("describe"):
+        result: Any = rank["models"].dit.config
+    else:
+        out = generate_chunk(rank["models"], job["chunk"])
+        result = {"index": out.spec.index, "frames": _to_uint8(out.frames), "state": out.state.state_dict()}
+    if not sp.is_writer():
+        return None
+    return {"result": result, "pid": os.getpid(), "jobs": rank["jobs"]}
+
+
 # ------------------------------------------------------------------------------------ backend
 
 
@@ -650,6 +829,18 @@ class InfiniteTalkBackend:
         """Components from the process's resident set (loaded on first use)."""
         device = _device(self.opts.device)
         return RESIDENT.get(self.weights_root(), load_spec(self.opts, device), components)
+
+    def shot_worker_config(self) -> Any:
+        """Start the process's ShotWorker (`gpus_per_shot` ranks) unless it runs; its DiT config."""
+        import torch  # noqa: PLC0415
+
+        n, device = self.opts.gpus_per_shot, _device(self.opts.device)
+        if device != "cpu" and torch.cuda.device_count() < n:
+            raise ConfigError(
+                "infinitetalk.gpus_per_shot",
+                f"{n} GPUs per shot but {torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES)",
+            )
+        return RESIDENT.shot_worker_config(self.weights_root(), load_spec(self.opts, device), n)
 
     # --- per-film caches
 
@@ -785,7 +976,7 @@ class _Session:
         import torch  # noqa: PLC0415
         from safetensors import safe_open  # noqa: PLC0415
 
-        from model.sampler import Conditioning, StreamState, sampler_preset, speaker_masks  # noqa: PLC0415
+        from model.sampler import StreamState, sampler_preset, speaker_masks  # noqa: PLC0415
 
         self.backend, self.plan, self.context = backend, plan, context
         self.log = backend.log
@@ -797,10 +988,24 @@ class _Session:
         # 1. per-film inputs (cached files), then the generation models
         prompt = backend.prompt_embeddings(film_dir, self.watch)
         features_path = backend.audio_features_file(film_dir, Path(context.dialogue.path), self.watch)
+        self.sp_size = opts.gpus_per_shot
         with self.watch("load"):
-            m = backend.models("dit", "vae", "clip")
-        self.dit, self.vae, self.clip = m["dit"], m["vae"], m["clip"]
-        dcfg = self.dit.config
+            if self.sp_size > 1:  # the ranks hold the generation models; this process keeps none
+                dcfg = backend.shot_worker_config()
+                self.chunk_models = None
+                host = "cpu"
+            else:
+                m = backend.models("dit", "vae", "clip")
+                self.dit, self.vae, self.clip = m["dit"], m["vae"], m["clip"]
+                dcfg = self.dit.config
+                self.chunk_models = ChunkModels(
+                    _TimedDiT(self.dit, self.watch),
+                    _TimedVAE(self.vae, self.watch),
+                    self._clip,
+                    self._color,
+                    self.device,
+                )
+                host = self.device
         if prompt["context"].shape[-1] != dcfg.text_dim:
             raise MediaError(
                 film_dir,
@@ -848,31 +1053,23 @@ class _Session:
         if opts.shift is not None:
             changes["shift"] = opts.shift
         self.settings = sampler_preset(preset, **changes)
-        self.teacache = None
-        if opts.teacache is not None:
-            from model.teacache import TeaCache, TeaCacheConfig  # noqa: PLC0415
-
-            tc = TeaCacheConfig(
-                threshold=opts.teacache,
-                preset="infinitetalk-720" if opts.mode == "infinitetalk-720" else "infinitetalk-480",
-            )
-            self.teacache = TeaCache(tc, self.settings.sampling_steps - self.settings.start_step)
         mh, mw = model_hw
-        masks = speaker_masks(None, 1, model_hw, model_hw, (mh // 8, mw // 8))  # one speaker: all ones
         text_len = dcfg.text_len
-        self.cond = Conditioning(
-            context=prompt["context"][:text_len].to(self.device),
-            context_null=prompt["context_null"][:text_len].to(self.device),
-            audio=[feats],
-            ref_target_masks=masks,
-            clip_fn=self._clip,
+        self.job = ChunkJob(  # per-chunk fields (reference, source, state) are filled by dub_chunk
+            settings=self.settings,
+            context=prompt["context"][:text_len].to(host),
+            context_null=prompt["context_null"][:text_len].to(host),
+            audio=feats,
+            masks=speaker_masks(None, 1, model_hw, model_hw, (mh // 8, mw // 8)),  # one speaker: all ones
             n_frames=plan.model_frames,
-            source_video_fn=self._source_video if self.settings.start_step > 0 else None,
+            reference=torch.empty(0),
+            source=None,
+            state=None,
+            teacache=opts.teacache,
+            teacache_preset="infinitetalk-720" if opts.mode == "infinitetalk-720" else "infinitetalk-480",
         )
         self._source_cache: dict[int, np.ndarray] = {}
-        self.generator = torch.Generator("cpu")  # CPU noise: identical on any device / host, resumable
         if resume_state is None:
-            self.generator.manual_seed(self.settings.seed)
             self.stream_state = None
         else:
             if resume_state.get("format") != STATE_FORMAT:
@@ -915,7 +1112,7 @@ class _Session:
     # --- ShotSession
 
     def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
-        from model.sampler import stream_generate  # noqa: PLC0415
+        from model.sampler import StreamState  # noqa: PLC0415
 
         c = inp.chunk
         expected = 0 if self.stream_state is None else self.stream_state.next_chunk
@@ -934,28 +1131,21 @@ class _Session:
             }
             for t, frame in enumerate(inp.frames):
                 self._source_cache[c.src_start + t] = self._crop(frame, c.src_start + t)
-        outputs = []
-        result = stream_generate(
-            _TimedDiT(self.dit, self.watch),
-            _TimedVAE(self.vae, self.watch),
-            cond=self.cond,
-            settings=self.settings,
-            reference_frame_fn=lambda index, start: reference,
-            color_fn=self._color,
-            state=self.stream_state,
-            on_chunk=outputs.append,
-            generator=self.generator,
-            teacache=self.teacache,
-            collect=False,
-            max_chunks=1,
-        )
-        (out,) = outputs
-        if out.spec.index != c.index:
-            raise RuntimeError(
-                f"shot {self.plan.shot_index}: sampler ran chunk {out.spec.index}, expected {c.index}"
-            )
-        self.stream_state = result.state
-        kept = _to_uint8(out.frames)  # (n_kept, H, W, 3): model frames [new_start, new_end)
+            source = self._source_video(c.model_start, c.model_start + c.num_frames)  # (3, T, H, W)
+        else:
+            source = None
+        job = dataclasses.replace(self.job, reference=reference, source=source, state=self.stream_state)
+        if self.chunk_models is not None:
+            out = generate_chunk(self.chunk_models, job)
+            index, state = out.spec.index, out.state
+            kept = _to_uint8(out.frames)  # (n_kept, H, W, 3): model frames [new_start, new_end)
+        else:  # on the ShotWorker's ranks; only rank 0's frames and state come back
+            with self.watch("sp_chunk"):
+                got = RESIDENT.run_chunk(job)
+            index, state, kept = got["index"], StreamState.from_state_dict(got["state"]), got["frames"]
+        if index != c.index:
+            raise RuntimeError(f"shot {self.plan.shot_index}: sampler ran chunk {index}, expected {c.index}")
+        self.stream_state = state
         first_kept = c.new_start - c.model_start
         if inp.frames.shape[0] == 0:
             return np.zeros((0, *self.coded_hw, 3), np.uint8)
