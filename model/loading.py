@@ -118,6 +118,8 @@ class LoadSpec:
     quant: str = "none"  # none | fp8 | int8 (official quanto files; DiT only)
     loras: tuple[tuple[str, float], ...] = ()  # (safetensors path, scale), merged in order
     components: tuple[str, ...] = COMPONENTS
+    fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.fp8`; Hopper `_scaled_mm`)
+    compile: bool = False  # torch.compile each DiT block once (`model.compile`; regional compilation)
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -212,6 +214,15 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
     want = set(spec.components)
     if "dit" in want:
         models.dit = _load_dit(root, layout, spec)
+        if spec.fp8_compute:
+            from model.fp8 import convert_to_fp8  # noqa: PLC0415
+
+            n = convert_to_fp8(models.dit)
+            log.info("DiT: %d block linears run as fp8 GEMMs", n)
+        if spec.compile:
+            from model.compile import compile_blocks  # noqa: PLC0415
+
+            compile_blocks(models.dit)
     if "vae" in want:
         models.vae = load_vae(wan / layout.vae, dtype=spec.vae_dtype, device=spec.device)
     if "t5" in want:

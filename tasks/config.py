@@ -135,6 +135,8 @@ class InfiniteTalkConfig:
     seed: int
     batch_branches: bool
     profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
+    compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
+    fp8_compute: bool  # DiT block linears as fp8 GEMMs (Hopper); drift vs bf16 in benchmarks/RESULTS.md
 
 
 @dataclass(frozen=True)

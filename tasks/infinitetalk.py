@@ -171,9 +171,11 @@ def load_spec(opts: InfiniteTalkConfig, device: str) -> LoadSpec:
             audio_dtype=f32, t5_cpu=True, quant=opts.quant, loras=loras,
         )  # fmt: skip
     dtype = getattr(torch, opts.dtype)
+    compile_dit = device.startswith("cuda") if opts.compile is None else opts.compile
     return LoadSpec(
-        mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras
-    )
+        mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras,
+        fp8_compute=opts.fp8_compute, compile=compile_dit,
+    )  # fmt: skip
 
 
 class _TinyLog(logging.LoggerAdapter):

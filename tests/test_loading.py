@@ -100,6 +100,33 @@ def test_quantized_dit_from_root(root, models):
     assert 0 < err < 5e-2  # int8 weights: close to, not equal to, the float model
 
 
+def test_fp8_compute_and_compile_through_load_spec(root, models):
+    """`fp8_compute` swaps the block linears for fp8 GEMMs (CPU: exact emulation) with bounded drift;
+    `compile` marks every block for regional compilation (compiled lazily on first call)."""
+    from model.fp8 import Fp8Linear
+
+    m = load_models(root, LoadSpec.cpu_float32(components=("dit",), fp8_compute=True, compile=True))
+    n_block_linears = sum(isinstance(x, torch.nn.Linear) for x in models.dit.blocks.modules())
+    assert sum(isinstance(x, Fp8Linear) for x in m.dit.blocks.modules()) == n_block_linears > 0
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in m.dit.blocks)
+    gen = torch.Generator().manual_seed(1)
+    c = m.dit.config
+    args = (
+        torch.randn(1, c.out_dim, 1, 4, 4, generator=gen),
+        torch.tensor([700.0]),
+        torch.randn(1, 7, c.text_dim, generator=gen),
+        torch.randn(1, 257, c.clip_dim, generator=gen),
+        torch.randn(1, c.in_dim - c.out_dim, 1, 4, 4, generator=gen),
+        torch.randn(1, 1, 5, c.audio_blocks, c.audio_channels, generator=gen),
+    )
+    for b in m.dit.blocks:  # run eagerly here: compiling on CPU costs minutes (tested in test_speed_paths)
+        b._compiled_call_impl = None
+    with torch.no_grad():
+        q, f = m.dit(*args), models.dit(*args)
+    err = float((q - f).abs().max() / f.abs().max())
+    assert 0 < err < 8e-2  # e4m3 weights and activations: close to, not equal to, float32
+
+
 def test_truncated_shard_is_named(root, tmp_path):
     r = _clone(root, tmp_path / "r")
     shard = _shard(r)
