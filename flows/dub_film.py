@@ -357,7 +357,9 @@ def render_one_shot(
     mark_shot_done(
         ws, index, {"plan_hash": shot["plan_hash"], "output": result["path"], "result": result, **where}
     )
-    log_attempt(ws, {"shot": index, "status": "done", **where, "seconds": round(seconds, 3)})
+    log_attempt(
+        ws, {"shot": index, "status": "done", **where, "pid": os.getpid(), "seconds": round(seconds, 3)}
+    )
     return result
 
 
