@@ -126,16 +126,22 @@ def stable_hash(obj: Any, length: int = 16) -> str:
 
 
 def config_hash(config: Any, *, exclude: Iterable[str] = ()) -> str:
-    """Hash of a config (mapping or dataclass), without the top-level keys in ``exclude``.
+    """Hash of a config (mapping or dataclass), without the keys in ``exclude``.
 
     Leave out what does not change the result (output path, workspace root, worker count), so that
-    such changes still resume.
+    such changes still resume. Keys are top-level (``"encode"``) or dotted (``"infinitetalk.profile"``).
     """
     data = _jsonable(config)
     if not isinstance(data, dict):
         raise TypeError(f"config_hash: expected a mapping or dataclass, got {type(config).__name__}")
-    dropped = set(exclude)
-    return stable_hash({k: v for k, v in data.items() if k not in dropped})
+    for key in exclude:
+        *parents, leaf = key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return stable_hash(data)
 
 
 def code_version(project_dir: str | os.PathLike[str] | None = None) -> str:

@@ -105,6 +105,11 @@ def test_config_hash_is_canonical_and_honours_exclude():
     assert config_hash(CONFIG) != config_hash({**CONFIG, "backend": "infinitetalk"})
     assert config_hash(CONFIG) != config_hash({**CONFIG, "fps": Fraction(25)})
     assert config_hash({**CONFIG, "out": "/a.mp4"}, exclude=["out"]) == config_hash(CONFIG)
+    nested = {**reordered, "shots": {"min_shot_frames": 1, "threshold": 27.0, "workers": 4}}
+    assert config_hash(nested, exclude=["shots.workers"]) == config_hash(CONFIG)  # dotted: one leaf only
+    assert config_hash(nested, exclude=["shots.threshold"]) != config_hash(CONFIG)
+    assert config_hash(CONFIG, exclude=["missing.key", "backend.x"]) == config_hash(CONFIG)
+    assert nested["shots"]["workers"] == 4  # the caller's config is never modified
     with pytest.raises(TypeError, match="cannot hash a object"):
         config_hash({"x": object()})
     with pytest.raises(TypeError, match="expected a mapping or dataclass"):
