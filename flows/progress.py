@@ -148,3 +148,29 @@ class TqdmToLogger(io.StringIO):
 
     def flush(self) -> None:
         pass
+
+
+def attempt_phases(states: Sequence[Any]) -> list[dict[str, float]]:
+    """(pickup, start, run) seconds of every attempt of a flow run, from its state history.
+
+    pickup = Scheduled -> Pending (worker poll, or waiting for a busy worker), start = Pending ->
+    Running (process start, imports, pull step, flow load), run = Running -> final state.
+    """
+    out: list[dict[str, float]] = []
+    current: dict[str, Any] = {}
+    for state in sorted(states, key=lambda s: s.timestamp):
+        kind = state.type.value
+        if kind == "SCHEDULED":
+            current = {kind: state.timestamp}
+        elif kind in ("PENDING", "RUNNING"):
+            current.setdefault(kind, state.timestamp)
+        elif state.is_final() and {"SCHEDULED", "PENDING", "RUNNING"} <= set(current):
+            out.append(
+                {
+                    "pickup_s": (current["PENDING"] - current["SCHEDULED"]).total_seconds(),
+                    "start_s": (current["RUNNING"] - current["PENDING"]).total_seconds(),
+                    "run_s": (state.timestamp - current["RUNNING"]).total_seconds(),
+                }
+            )
+            current = {}
+    return out

@@ -31,28 +31,8 @@ from prefect.client.schemas.filters import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from flows.progress import attempt_phases  # noqa: E402
 from flows.workspace import Workspace, read_attempts  # noqa: E402
-
-
-def _phases(client: Any, run_id: UUID) -> list[dict[str, float]]:
-    """(pickup, start, run) seconds of every attempt of a flow run, from its state history."""
-    out, current = [], {}
-    for state in sorted(client.read_flow_run_states(run_id), key=lambda s: s.timestamp):
-        kind = state.type.value
-        if kind == "SCHEDULED":
-            current = {kind: state.timestamp}
-        elif kind in ("PENDING", "RUNNING"):
-            current.setdefault(kind, state.timestamp)
-        elif state.is_final() and {"SCHEDULED", "PENDING", "RUNNING"} <= set(current):
-            out.append(
-                {
-                    "pickup_s": (current["PENDING"] - current["SCHEDULED"]).total_seconds(),
-                    "start_s": (current["RUNNING"] - current["PENDING"]).total_seconds(),
-                    "run_s": (state.timestamp - current["RUNNING"]).total_seconds(),
-                }
-            )
-            current = {}
-    return out
 
 
 def report(film_run_id: UUID) -> dict[str, Any]:
@@ -85,7 +65,7 @@ def report(film_run_id: UUID) -> dict[str, Any]:
                 seconds = mine[0]["seconds"] if mine and task.state.name != "Cached" else 0.0
                 rendered += seconds
                 shot_overheads.append((task.end_time - task.start_time).total_seconds() - seconds)
-            for attempt in _phases(client, group.id):
+            for attempt in attempt_phases(client.read_flow_run_states(group.id)):
                 n = len(group.parameters["shots"])
                 rows.append(
                     {

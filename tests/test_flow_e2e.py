@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.progress import attempt_phases
 from flows.workspace import Workspace, read_attempts, read_json, read_shot_done
 from tasks.probe import probe
 from tests.media import make_audio, make_clip
@@ -80,26 +81,8 @@ def _wait_final(stack: Stack, flow_run_id, run_count: int, timeout_s: float = 24
 
 def _attempt_times(stack: Stack, runs: list) -> list[dict]:
     """Per attempt of each group run: worker pickup, process start and run time, from its states."""
-    out = []
     with stack.client() as client:
-        for run in runs:
-            current: dict = {}
-            for state in sorted(client.read_flow_run_states(run.id), key=lambda s: s.timestamp):
-                kind = state.type.value
-                if kind == "SCHEDULED":
-                    current = {kind: state.timestamp}
-                elif kind in ("PENDING", "RUNNING"):
-                    current.setdefault(kind, state.timestamp)
-                elif state.is_final() and {"SCHEDULED", "PENDING", "RUNNING"} <= set(current):
-                    out.append(
-                        {
-                            "pickup_s": (current["PENDING"] - current["SCHEDULED"]).total_seconds(),
-                            "start_s": (current["RUNNING"] - current["PENDING"]).total_seconds(),
-                            "run_s": (state.timestamp - current["RUNNING"]).total_seconds(),
-                        }
-                    )
-                    current = {}
-    return out
+        return [a for run in runs for a in attempt_phases(client.read_flow_run_states(run.id))]
 
 
 def test_film_deployment_fans_out_fails_one_shot_and_resumes_only_it(dub_stack: Stack, tmp_path: Path):
