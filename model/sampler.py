@@ -679,10 +679,17 @@ def denoise_chunk(
 
     motion_noise()
     latent = latent.clone()
+    batched = settings.batch_branches and len(calls) > 1
+    if teacache is not None and hasattr(model, "timestep_modulation"):  # TeaCache decisions: no sync per call
+        teacache.prepare_schedule(
+            model.timestep_modulation,
+            timesteps[start_step : settings.sampling_steps],
+            len(calls) if batched else 1,
+        )
     for i in range(start_step, settings.sampling_steps):
         t, t_next = timesteps[i : i + 1], timesteps[i + 1 : i + 2]  # (1,), (1,)
         latent[:, :, :t_m] = motion_latent
-        if settings.batch_branches and len(calls) > 1:
+        if batched:
             preds = _batched_branches(model, latent, t, calls, clip_fea, y, ref_target_masks, teacache)
         else:
             preds = {
@@ -738,7 +745,9 @@ def stream_generate(
     context's device.
     teacache: optional step cache (`model.teacache.TeaCache`) handed to every model call with its
     branch name and reset at the start of each chunk (the official counters restart every chunk
-    too); build it for ``sampling_steps - settings.start_step`` steps.
+    too); build it for ``sampling_steps - settings.start_step`` steps. `denoise_chunk` prepares its
+    distances from the model's ``timestep_modulation`` (if it has one) before the step loop, so the
+    loop makes no host sync for it.
     on_chunk: called after every chunk with its kept frames, latent and the state to checkpoint.
     max_chunks: stop after this many chunks (the returned state continues the run).
     """

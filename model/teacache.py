@@ -15,13 +15,32 @@ m_prev is updated on every call. Compute stores residual = x_after_blocks - x_be
 the stored residual. The official code counts calls globally and labels them by `count % 3`; with three
 calls per step (cond / drop_text / uncond) that is the same as counting per branch, which is what this
 does for any number of calls per step.
+
+Host syncs. The indicator depends only on the call's timestep (time embedding + projection of a
+sinusoidal embedding of t), never on the latents, so every distance of a generation is known once
+the timestep schedule is. `prepare_schedule` (or `prepare`) computes them on the device before the
+step loop with one host read; the k-th call of a branch after it then decides from host values
+only. Without a prepared schedule, or for a call that does not match it (more calls than prepared,
+another batch shape, dtype or device), the distance is computed per call and read back (one sync);
+`TeaCacheDecision.source` says which happened.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Literal
 
 import torch
+
+logger = logging.getLogger(__name__)
+
+# t (B,) -> (e (B, dim), e0 (B, 6, dim)) float32, e.g. `InfiniteTalkDiT.timestep_modulation`
+ModulationFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+DistanceSource = Literal["rule", "prepared", "synced"]
 
 # Polynomial rescaling coefficients (highest power first) of the official `teacache_init`,
 # keyed by (model preset, use_ret_steps).
@@ -69,21 +88,42 @@ class TeaCacheConfig:
         return TEACACHE_COEFFICIENTS[(self.preset, self.use_ret_steps)]
 
 
+def relative_l1(modulation: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """mean|m - m_prev| / mean|m_prev| as a 0-dim tensor on the modulation's device (no sync)."""
+    return (modulation - previous).abs().mean() / previous.abs().mean()
+
+
 @dataclass
 class _BranchState:
     calls: int = 0  # calls of this branch since reset, modulo sample_steps
     accumulated: float = 0.0
     previous_modulation: torch.Tensor | None = None
     residual: torch.Tensor | None = None
+    schedule_index: int | None = 0  # position of the next call in the prepared schedule; None = off it
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """Distances of a prepared schedule: distances[j] = relative_l1(m_j, m_{j-1}) (j >= 1)."""
+
+    distances: tuple[float, ...]
+    shape: torch.Size  # of every call's modulation (B, 6, dim) or (B, dim)
+    dtype: torch.dtype
+    device: torch.device
 
 
 @dataclass
 class TeaCacheDecision:
-    """One DiT call as TeaCache saw it (for logs and tests)."""
+    """One DiT call as TeaCache saw it (for logs and tests).
+
+    source: "rule" (forced compute, no distance needed), "prepared" (distance from the prepared
+    schedule, no device access) or "synced" (distance computed for this call and read back).
+    """
 
     branch: str
     computed: bool
     accumulated: float
+    source: DistanceSource = "rule"
 
 
 @dataclass
@@ -94,6 +134,7 @@ class TeaCache:
     sample_steps: int
     decisions: list[TeaCacheDecision] = field(default_factory=list)
     _branches: dict[str, _BranchState] = field(default_factory=dict)
+    _schedule: _Schedule | None = None
 
     def __post_init__(self) -> None:
         if self.sample_steps < 1:
@@ -108,9 +149,64 @@ class TeaCache:
         return self.sample_steps if self.config.use_ret_steps else self.sample_steps - 1
 
     def reset(self) -> None:
-        """Forget everything (start of a new generation)."""
+        """Forget everything, the prepared schedule included (start of a new generation)."""
         self._branches.clear()
         self.decisions.clear()
+        self._schedule = None
+
+    def prepare(self, modulations: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Precompute the distances of the calls every branch makes from now on, with one host read.
+
+        modulations[j] = (e (B, dim), e0 (B, 6, dim)) exactly as the DiT computes them for the j-th
+        call of each branch from now on (same batch B as the calls). Pass each call's own tensors, not
+        rows of one larger batch: a float32 GEMM's rows depend on the batch size, and the distances
+        must be bit-identical to the per-call ones for the decisions to be. Call after `reset()`;
+        branch positions restart at 0 (a branch's first call after this uses the per-call path if
+        the rule needs its distance, since its previous modulation predates the schedule).
+        """
+        self._schedule = None
+        picked = [e0 if self.config.use_ret_steps else e for e, e0 in modulations]
+        if not picked:
+            return
+        first = picked[0]
+        for j, m in enumerate(picked):
+            if m.shape != first.shape or m.dtype != first.dtype or m.device != first.device:
+                raise ValueError(
+                    f"TeaCache.prepare: modulation {j} is {tuple(m.shape)} {m.dtype} on {m.device}, "
+                    f"modulation 0 is {tuple(first.shape)} {first.dtype} on {first.device}"
+                )
+        distances: list[float] = []
+        if len(picked) > 1:
+            # one small device op per pair, on the same shapes as the per-call path; one host read
+            distances = torch.stack([relative_l1(m, p) for p, m in pairwise(picked)]).tolist()
+        self._schedule = _Schedule((math.nan, *distances), first.shape, first.dtype, first.device)
+        for state in self._branches.values():
+            state.schedule_index = 0
+
+    def prepare_schedule(self, modulation: ModulationFn, timesteps: torch.Tensor, batch: int = 1) -> None:
+        """`prepare` for a loop that calls every branch once per timestep of `timesteps` (S,), in order.
+
+        modulation(t (batch,)) -> (e, e0) must be the DiT's own path (`timestep_modulation`); it is
+        called once per timestep with t expanded to `batch` rows, as the DiT's forward does.
+        """
+        with torch.no_grad():
+            self.prepare([modulation(timesteps[i : i + 1].expand(batch)) for i in range(timesteps.shape[0])])
+
+    def _schedule_position(self, state: _BranchState, modulation: torch.Tensor) -> int | None:
+        """This call's position in the prepared schedule (advancing the branch), None if it does not match."""
+        index, schedule = state.schedule_index, self._schedule
+        if (
+            schedule is None
+            or index is None
+            or index >= len(schedule.distances)
+            or modulation.shape != schedule.shape
+            or modulation.dtype != schedule.dtype
+            or modulation.device != schedule.device
+        ):
+            state.schedule_index = None  # off the schedule until the next prepare
+            return None
+        state.schedule_index = index + 1
+        return index
 
     def _rescale(self, x: float) -> float:
         y = 0.0
@@ -122,17 +218,26 @@ class TeaCache:
         """Decide whether this call of `branch` runs the blocks; updates the branch state.
 
         e (B, dim) and e0 (B, 6, dim) are the float32 time embedding and projection of the call.
-        Reading the distance back is one host sync per call (only when TeaCache is enabled).
+        With a prepared schedule that this call matches, no device value is read; otherwise a
+        distance the rule needs is computed and read back (one host sync).
         """
         state = self._branches.setdefault(branch, _BranchState())
         modulation = e0 if self.config.use_ret_steps else e
         step = state.calls
+        position = self._schedule_position(state, modulation)
+        source: DistanceSource = "rule"
         if step < self.ret_steps or step >= self.cutoff_steps or state.previous_modulation is None:
             compute = True
             state.accumulated = 0.0
         else:
-            prev = state.previous_modulation
-            distance = ((modulation - prev).abs().mean() / prev.abs().mean()).item()
+            if position is not None and position >= 1:  # previous call was position - 1 of the schedule
+                distance = self._schedule.distances[position]
+                source = "prepared"
+            else:
+                distance = relative_l1(modulation, state.previous_modulation).item()
+                source = "synced"
+                if self._schedule is not None:
+                    logger.debug("TeaCache: %s call off the prepared schedule, distance synced", branch)
             state.accumulated += self._rescale(distance)
             compute = state.accumulated >= self.config.threshold
             if compute:
@@ -142,7 +247,7 @@ class TeaCache:
             state.accumulated = 0.0
         state.previous_modulation = modulation.detach().clone()
         state.calls = (step + 1) % self.sample_steps
-        self.decisions.append(TeaCacheDecision(branch, compute, state.accumulated))
+        self.decisions.append(TeaCacheDecision(branch, compute, state.accumulated, source))
         return compute
 
     def store_residual(self, branch: str, residual: torch.Tensor) -> None:
