@@ -517,6 +517,14 @@ class InfiniteTalkDiT(nn.Module):
 
     # --- forward ---
 
+    def timestep_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """t (B,) -> time embedding e (B, dim) and block modulation e0 (B, 6, dim), float32.
+
+        The forward's own path (TeaCache prepares a schedule with it, bit-identical per call shape).
+        """
+        e = self.time_embedding(sinusoidal_embedding(t, self.config.freq_dim))  # (B, dim)
+        return e, self.time_projection(e).unflatten(1, (6, self.config.dim))  # (B, 6, dim)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -549,9 +557,7 @@ class InfiniteTalkDiT(nn.Module):
         tokens = shard.tokens(tokens, dim=1)  # (B, L_r, dim): this rank's latent frames (all if one process)
 
         # 2. timestep embedding and the 6-way modulation (float32)
-        t = t.reshape(-1).expand(batch)
-        e = self.time_embedding(sinusoidal_embedding(t, c.freq_dim))  # (B, dim)
-        e0 = self.time_projection(e).unflatten(1, (6, c.dim))  # (B, 6, dim)
+        e, e0 = self.timestep_modulation(t.reshape(-1).expand(batch))  # (B, dim), (B, 6, dim)
 
         # 3. text (zero-padded to text_len) and CLIP-image context
         context = F.pad(context, (0, 0, 0, c.text_len - context.shape[1]))  # (B, text_len, text_dim)
