@@ -5,6 +5,9 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dubflow-installed
+# GPU hosts also get the `cuda` extra (cuDNN frontend attention graphs); CPU boxes and CI only `dev`.
+EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),dev$(comma)cuda,dev)
+comma := ,
 
 .PHONY: setup demo demo-local test lint clean
 
@@ -15,7 +18,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 test: setup

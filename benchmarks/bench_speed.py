@@ -15,6 +15,9 @@ would not cover it; skipped and failed sections are listed in the output):
              trained one's)
   fp8        the same model converted in place (`model.fp8.convert_to_fp8`): eager (quantization
              unfused) and compiled forward, drift vs the bf16 output, steps, 720P
+  fp8attn    bf16 and fp8-GEMM forwards with self-attention as cuDNN's fp8 kernel (backend
+             `cudnn_fp8`, `model.cudnn_attention`), drift vs the bf16 compiled output, kernel profile;
+             with --fp8-attention the later sections keep that backend
   offload    fp8 blocks streamed from pinned host memory (`model.offload.BlockOffload`) under a
              24 GiB cap (`torch.cuda.set_per_process_memory_fraction`)
   vae        Wan VAE encode / decode of 81 frames at 480P, fp32 and bf16 (`bench_vae.random_vae`)
@@ -555,6 +558,34 @@ class Run:
             self.log(f"fp8 drift {out['drift_vs_bf16_compiled']}")
         return out
 
+    def fp8_attention(self, tag: str) -> dict:
+        """The model as it is now (bf16 or fp8 GEMMs), self-attention as cuDNN's fp8 kernel."""
+        if "inp480" not in self.state:
+            self.state["inp480"] = self.inputs("480p")
+        inp = self.state["inp480"]
+        previous = self.model.attn_backend
+        self.model.attn_backend = "cudnn_fp8"
+        try:
+            t0 = time.perf_counter()
+            res = self.forward(inp)
+            self.clock.sync()
+            compile_s = time.perf_counter() - t0
+            r = self.clock.time(lambda: self.forward(inp), warmup=0, repeats=self.repeats)
+            what = f"{tag} compiled + fp8 attention (cuDNN)"
+            self.row(what, "480p", r["seconds"], self.floor("480p"), r["peak_gib"], compile_s=compile_s)
+            out: dict = {**r, "compile_s": compile_s}
+            res = res.float().cpu()
+            for ref in ("bf16_out", "fp8_out"):
+                if ref in self.state:
+                    out[f"drift_vs_{ref}"] = rel_err(res, self.state[ref])
+                    self.log(f"{what} drift vs {ref}: {out[f'drift_vs_{ref}']}")
+            if tag == "fp8":
+                out["profile"] = self.profile()
+        finally:
+            if not self.args.fp8_attention:
+                self.model.attn_backend = previous
+        return out
+
     def offload(self) -> dict:
         inp = self.state["inp480"]
         cap_gib = 24.0
@@ -875,6 +906,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--chunk-vae", choices=("fp32", "bf16"), default="fp32", help="VAE dtype of the chunk runs"
     )
+    p.add_argument(
+        "--fp8-attention", action="store_true", help="keep cuDNN fp8 attention for the sections after fp8attn"
+    )
     p.add_argument("--chunks", type=int, default=2, help="chunks per chunk run (>= 3 gives steady state)")
     p.add_argument("--chunk-modes", nargs="+", default=["prefetch", "inline"], choices=("prefetch", "inline"))
     args = p.parse_args(argv)
@@ -898,7 +932,9 @@ def main(argv: list[str] | None = None) -> int:
     run.section("teacache", 6, run.teacache, reserve_s=later)
     run.section("bf16_720p", 25, lambda: run.forward_720("bf16"), reserve_s=later)
     run.section("bf16_steps", 12, lambda: run.steps("bf16", reserve_s=later), reserve_s=later)
+    run.section("bf16_fp8attn", 30, lambda: run.fp8_attention("bf16"), reserve_s=later)
     run.section("fp8", 80, run.fp8)
+    run.section("fp8_fp8attn", 30, lambda: run.fp8_attention("fp8"))
     run.section("offload", 25, run.offload, reserve_s=60)
     run.section("vae", 15, run.vae, reserve_s=40)
     run.section("chunk", 30, run.chunk)

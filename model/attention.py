@@ -4,8 +4,9 @@ Layout in and out is (B, L, H, D) (tokens before heads, as the Wan code keeps it
 reference backend; the `sdpa_*` variants pin one SDPA kernel (flash / cuDNN / memory-efficient / math)
 through `torch.nn.attention.sdpa_kernel`, `auto` (the DiT default) lets SDPA pick by the priority
 cuDNN > flash > efficient > math (cuDNN is the fastest on Hopper), and `reference` is the readable float32 softmax path used to
-check the others. Further kernels (e.g. fp8 attention) register themselves with
-`register_attention_backend`.
+check the others. `cudnn` and `cudnn_fp8` run the cuDNN frontend's inference graphs
+(`model.cudnn_attention`; CUDA only, fp8 on Hopper): their built graphs live in the runner that
+`attention_context` is given. Further kernels register themselves with `register_attention_backend`.
 
 The official InfiniteTalk code attends to the full zero-padded text context (its `context_lens` is
 None), so the DiT passes no mask; `k_lens` exists for callers that do want key-length masking.
@@ -20,6 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from model import cudnn_attention
 
 # A backend takes q, k, v in (B, H, L, D) layout, an optional boolean mask broadcastable to
 # (B, H, Lq, Lk) (True = attend) and the softmax scale; it returns (B, H, Lq, Dv).
@@ -82,14 +85,23 @@ def _sdpa_auto(q, k, v, mask, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-def attention_context(backend: str) -> contextlib.AbstractContextManager:
+register_attention_backend("cudnn")(cudnn_attention.sdpa_bf16)
+register_attention_backend("cudnn_fp8")(cudnn_attention.sdpa_fp8)
+
+
+def attention_context(
+    backend: str, runner: cudnn_attention.CudnnAttention | None = None
+) -> contextlib.AbstractContextManager:
     """Context for a region of attention calls (e.g. the DiT's block loop) under `backend`.
 
     For `auto` it sets the SDPA kernel priority around the whole region, so that `torch.compile`,
-    which picks the SDPA kernel while it traces a compiled block, sees cuDNN first too.
+    which picks the SDPA kernel while it traces a compiled block, sees cuDNN first too. For the
+    cuDNN frontend backends `runner` keeps the graphs built inside the region for the next one.
     """
     if backend == "auto":
         return sdpa_kernel(_PRIORITY, set_priority=True)
+    if backend.startswith("cudnn"):
+        return cudnn_attention.attention_scope(runner)
     return contextlib.nullcontext()
 
 

@@ -37,6 +37,7 @@ from torch import nn
 from model.attention import attention, attention_context
 from model.audio_proj import AudioProjModel
 from model.config import DiTConfig
+from model.cudnn_attention import CudnnAttention
 from model.parallel import LOCAL_SHARD, SequenceParallel, TokenShard
 from model.rope import Rope3D, apply_rope, rope_1d_tables
 from model.teacache import TeaCache
@@ -423,6 +424,7 @@ class InfiniteTalkDiT(nn.Module):
         self.config = config
         dim = config.dim
         self.attn_backend = "auto"
+        self.attn_graphs = CudnnAttention()  # built cuDNN attention graphs (backends cudnn / cudnn_fp8)
         self.patch_embedding = nn.Conv3d(
             config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size
         )
@@ -574,7 +576,7 @@ class InfiniteTalkDiT(nn.Module):
         compute = True if teacache is None else shard.agree(teacache.should_compute(branch, e, e0))
         if compute:
             start = tokens
-            with attention_context(self.attn_backend):  # SDPA kernel priority, also while compiling
+            with attention_context(self.attn_backend, self.attn_graphs):  # also while compiling
                 for block in self.blocks:
                     tokens = block(
                         tokens,

@@ -120,6 +120,7 @@ class LoadSpec:
     components: tuple[str, ...] = COMPONENTS
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.fp8`; Hopper `_scaled_mm`)
     compile: bool = False  # torch.compile each DiT block once (`model.compile`; regional compilation)
+    fp8_attention: bool = False  # DiT self-attention as cuDNN's fp8 kernel (`model.cudnn_attention`; Hopper)
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -219,6 +220,16 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
 
             n = convert_to_fp8(models.dit)
             log.info("DiT: %d block linears run as fp8 GEMMs", n)
+        if spec.fp8_attention:
+            from model.cudnn_attention import fp8_supported  # noqa: PLC0415
+
+            if not fp8_supported(torch.device(spec.device)):
+                raise ValueError(
+                    f"fp8_attention needs a Hopper (sm90+) CUDA device and the nvidia-cudnn-frontend "
+                    f"package (pip install 'dubflow[cuda]'); device is {spec.device!r}"
+                )
+            models.dit.attn_backend = "cudnn_fp8"
+            log.info("DiT: self-attention runs as cuDNN fp8 attention")
         if spec.compile:
             from model.compile import compile_blocks  # noqa: PLC0415
 

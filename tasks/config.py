@@ -137,6 +137,7 @@ class InfiniteTalkConfig:
     profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
     compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
     fp8_compute: bool  # DiT block linears as fp8 GEMMs (Hopper); drift vs bf16 in benchmarks/RESULTS.md
+    fp8_attention: bool  # DiT self-attention as cuDNN fp8 attention (Hopper); drift in benchmarks/RESULTS.md
 
 
 @dataclass(frozen=True)

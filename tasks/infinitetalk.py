@@ -174,7 +174,7 @@ def load_spec(opts: InfiniteTalkConfig, device: str) -> LoadSpec:
     compile_dit = device.startswith("cuda") if opts.compile is None else opts.compile
     return LoadSpec(
         mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras,
-        fp8_compute=opts.fp8_compute, compile=compile_dit,
+        fp8_compute=opts.fp8_compute, fp8_attention=opts.fp8_attention, compile=compile_dit,
     )  # fmt: skip
 
 
@@ -665,6 +665,11 @@ class _TimedDiT:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self.watch("dit"):
             return self.dit(*args, **kwargs)
+
+    def timestep_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The DiT's own (e, e0) of t: lets the sampler prepare TeaCache decisions without host syncs."""
+        with self.watch("dit"):
+            return self.dit.timestep_modulation(t)
 
 
 class _TimedVAE:

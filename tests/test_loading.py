@@ -100,6 +100,12 @@ def test_quantized_dit_from_root(root, models):
     assert 0 < err < 5e-2  # int8 weights: close to, not equal to, the float model
 
 
+def test_fp8_attention_is_refused_where_it_cannot_run(root):
+    """`fp8_attention` on a CPU (or without the cuDNN frontend) fails at load with what is missing."""
+    with pytest.raises(ValueError, match="fp8_attention needs a Hopper"):
+        load_models(root, LoadSpec.cpu_float32(components=("dit",), fp8_attention=True))
+
+
 def test_fp8_compute_and_compile_through_load_spec(root, models):
     """`fp8_compute` swaps the block linears for fp8 GEMMs (CPU: exact emulation) with bounded drift;
     `compile` marks every block for regional compilation (compiled lazily on first call)."""
