@@ -76,9 +76,10 @@ GROUP_DEPLOYMENT = "dub-group/gpu"
 GPU_POOL = "gpu-pool"
 # Config sections that never change a shot's pixels: outside the workspace key, so changing them resumes.
 # config that never changes a shot's pixels: changing it resumes the same workspace
-# (sequence parallelism gives bit-identical outputs; profiling only adds device syncs)
+# (sequence parallelism and block offload give bit-identical outputs; profiling only adds device syncs)
 NON_SHOT_CONFIG = (
     "encode", "workspace", "cost", "debug", "infinitetalk.gpus_per_shot", "infinitetalk.profile",
+    "infinitetalk.offload",
 )  # fmt: skip
 Fanout = Literal["auto", "local", "deployments"]
 

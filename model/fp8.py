@@ -142,19 +142,27 @@ def _scaled_mm_takes_bias(device: torch.device) -> bool:
     return True
 
 
-def convert_to_fp8(model: nn.Module, *, use_scaled_mm: bool | None = None, include: str = "blocks.") -> int:
+def convert_to_fp8(
+    model: nn.Module,
+    *,
+    use_scaled_mm: bool | None = None,
+    include: str = "blocks.",
+    device: torch.device | str | None = None,
+) -> int:
     """Replace every Linear under `include` (default: the transformer blocks) with an `Fp8Linear`.
 
     Float Linears are quantized (per-output-channel scales); `model.quant.DequantLinear`s holding
     official fp8 data are converted without requantizing (int8 ones are requantized from their
     dequantized weight). The embeddings, time MLP and head stay as they are (tiny share of the FLOPs,
     and the official float32 islands read their weights). `use_scaled_mm=None` picks the fp8 GEMM when
-    the model's device supports it. Works block by block, so peak extra memory is one float32 weight.
-    Returns the number of converted layers.
+    the run device supports it. Works block by block, so peak extra memory is one float32 weight.
+    `device`: where the layers will run (default: the model's device); each layer is quantized there
+    and put back where it was, so a host-resident model (block offload) is converted exactly as a
+    resident one would be. Returns the number of converted layers.
     """
     from model.quant import DequantLinear  # noqa: PLC0415 (quant imports the DiT; keep fp8 light)
 
-    device = next(model.parameters()).device
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     if use_scaled_mm is None:
         use_scaled_mm = fp8_matmul_supported(device)
     fused_bias = _scaled_mm_takes_bias(device) if use_scaled_mm else True
@@ -165,11 +173,15 @@ def convert_to_fp8(model: nn.Module, *, use_scaled_mm: bool | None = None, inclu
     ]
     for name, m in targets:
         kwargs = {"use_scaled_mm": use_scaled_mm, "fused_bias": fused_bias}
+        home = next(m.buffers(), None) if isinstance(m, DequantLinear) else m.weight
+        home = home.device if home is not None else device
+        m.to(device)  # the layer is replaced below: moving it in place costs no second copy
         if isinstance(m, DequantLinear) and m.data_dtype == FP8_DTYPE:
             data = m.weight_data.view(FP8_DTYPE)
             new = Fp8Linear(data, m.weight_scale.reshape(-1), m.bias, **kwargs)
         else:
             new = Fp8Linear.from_linear(m, **kwargs)
+        new.to(home)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
     log.info(

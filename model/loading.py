@@ -8,6 +8,7 @@ cross-checked against the DiT's config (text width, CLIP width, audio layers x w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,11 @@ class LoadSpec:
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.fp8`; Hopper `_scaled_mm`)
     compile: bool = False  # torch.compile each DiT block once (`model.compile`; regional compilation)
     fp8_attention: bool = False  # DiT self-attention as cuDNN's fp8 kernel (`model.cudnn_attention`; Hopper)
+    # DiT blocks streamed from pinned host memory (`model.offload.BlockOffload`): the DiT is built,
+    # LoRA-merged and fp8-converted on the host, so its full weights never sit on the device at once
+    offload: bool = False
+    # why offload is on or off (logged by load_models; not compared, so not part of a cache key)
+    offload_reason: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -163,14 +169,28 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
     from model.lora import merge_lora  # noqa: PLC0415
 
     wan = root / layout.wan_dir
+    device = "cpu" if spec.offload else spec.device  # offload: host first, placed by _offload_dit
     if spec.quant != "none":
         from model.quant import load_quant_dit  # noqa: PLC0415 (imports optimum-quanto)
 
-        return load_quant_dit(wan, root / layout.quant_file(spec.quant), dtype=spec.dtype, device=spec.device)
-    dit = load_dit(wan, root / layout.infinitetalk, dtype=spec.dtype, device=spec.device)
+        return load_quant_dit(wan, root / layout.quant_file(spec.quant), dtype=spec.dtype, device=device)
+    dit = load_dit(wan, root / layout.infinitetalk, dtype=spec.dtype, device=device)
     for path, scale in spec.loras:
-        merge_lora(dit, Path(path), scale)
+        merge_lora(dit, Path(path), scale, device=spec.device)  # computed where it will run
     return dit
+
+
+def _offload_dit(dit: nn.Module, device: str) -> None:
+    """Host-resident DiT -> everything but the blocks on `device`, the blocks behind a BlockOffload."""
+    from model.offload import BlockOffload  # noqa: PLC0415
+
+    blocks = dit.blocks
+    dit.blocks = nn.ModuleList()  # move the rest (embeddings, head, audio projection) without them
+    try:
+        dit.to(device)
+    finally:
+        dit.blocks = blocks
+    BlockOffload(dit, device)
 
 
 def _cross_check(models: Models, root: Path, layout: WeightsLayout) -> None:
@@ -214,12 +234,18 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
     models = Models(spec=spec)
     want = set(spec.components)
     if "dit" in want:
+        if spec.offload or spec.offload_reason:
+            log.info(
+                "DiT block offload %s (%s)", "on" if spec.offload else "off", spec.offload_reason or "set"
+            )
         models.dit = _load_dit(root, layout, spec)
         if spec.fp8_compute:
             from model.fp8 import convert_to_fp8  # noqa: PLC0415
 
-            n = convert_to_fp8(models.dit)
+            n = convert_to_fp8(models.dit, device=spec.device)  # quantized on the run device
             log.info("DiT: %d block linears run as fp8 GEMMs", n)
+        if spec.offload:
+            _offload_dit(models.dit, spec.device)
         if spec.fp8_attention:
             from model.cudnn_attention import fp8_supported  # noqa: PLC0415
 

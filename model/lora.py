@@ -106,8 +106,14 @@ def read_lora(path: Path) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def merge_lora(model: nn.Module, path: Path | str, scale: float = 1.0) -> int:
-    """Add `scale` x the LoRA in `path` to the model's weights in place; returns the number of tensors changed."""
+def merge_lora(
+    model: nn.Module, path: Path | str, scale: float = 1.0, *, device: torch.device | str | None = None
+) -> int:
+    """Add `scale` x the LoRA in `path` to the model's weights in place; returns the number of tensors changed.
+
+    `device`: where each merged weight is computed (default: where it lives), so a host-resident model
+    (block offload) gets the same bits as one merged on the device it runs on.
+    """
     path = Path(path)
     updates = parse_lora(read_lora(path), str(path))
     params = dict(model.named_parameters())
@@ -123,6 +129,7 @@ def merge_lora(model: nn.Module, path: Path | str, scale: float = 1.0) -> int:
         raise LoraError(f"{path}: LoRA update shape does not fit: {', '.join(misfit[:8])}")
     for u in updates:  # one delta at a time: never a second full copy of the model
         p = params[u.target]
-        p.copy_((p.float() + scale * u.delta(p.shape, p.device)).to(p.dtype))
+        at = p.device if device is None else torch.device(device)
+        p.copy_((p.to(at).float() + scale * u.delta(p.shape, at)).to(p.dtype))
     log.info("merged LoRA %s (scale %g) into %d tensors", path, scale, len(updates))
     return len(updates)

@@ -15,6 +15,10 @@ same slot logic runs synchronously on the CPU.
 
 `vae_tiling_for` picks spatial VAE tiling when the free device memory is short of what an untiled
 decode needs.
+
+`decide_offload` is the `auto` rule of `infinitetalk.offload`: offload when the device is smaller than
+what a resident run needs (`resident_need`: DiT weight bytes from `dit_weight_bytes` + a working set per
+token measured on the H200 + the other models), never on a CPU. Pure functions: testable without a GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from model.config import DiTConfig
 from model.vae import TileSpec
 
 log = logging.getLogger(__name__)
@@ -106,6 +111,7 @@ class BlockOffload:
             buf = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=cuda)
             for view, tensor in zip(_views(buf, entries), self._tensors(block), strict=True):
                 view.copy_(tensor.detach())
+                tensor.data = view  # frees the original storage now: host peak = model + one block
             self.host.append(buf)
         self.device_buffers = [
             torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)
@@ -238,3 +244,95 @@ def vae_tiling_for(
         )
     side = min(side, max(height, width))
     return TileSpec(tile=side, stride=side - overlap)
+
+
+# ---------------------------------------------------------------------------------------------
+# When to offload: what a resident run needs against what the device has
+# ---------------------------------------------------------------------------------------------
+
+# Device bytes per DiT token above the weights (activations, attention workspaces, allocator slack) of
+# one DiT call, from the peaks in benchmarks/RESULTS.md (H200, one speaker; 480P = 32,760 tokens, 720P =
+# 75,600; weights from `dit_weight_bytes` of the 14B preset: 35.2 GiB bf16, 17.9 GiB with fp8 blocks):
+#   compiled: bf16 37.8 - 35.2 = 2.6 GiB (85 kB/token), 720P 41.0 - 35.2 = 5.8 (82 kB);
+#             fp8 20.9 - 17.9 = 3.0 (98 kB), 720P 25.4 - 17.9 = 7.5 (106 kB)        -> 110 kB
+#   eager:    bf16 40.5 - 35.2 = 5.3 (174 kB), 720P 47.3 - 35.2 = 12.1 (172 kB)      -> 180 kB
+#             fp8 27.4 - 17.9 = 9.5 (311 kB; the activation quantization is unfused) -> 320 kB
+# Batched guidance branches multiply it by the batch: 3-call batched compiled bf16 42.7 - 35.2 = 7.5 GiB
+# (246 kB/token), fp8 27.3 - 17.9 = 9.4 GiB (308 kB/token), both within 3 x 110 kB.
+WORKING_BYTES_PER_TOKEN = {"compiled": 110_000, "eager": 180_000, "eager_fp8": 320_000}
+GUIDANCE_BRANCHES = 3  # cond + text-null + audio-null: the batch of `batch_branches`
+# The other components resident on the device next to the DiT: Wan VAE fp32 (127 M params, 0.51 GB)
+# + CLIP ViT-H/14 visual tower fp16 (632 M, 1.26 GB) + wav2vec2-base fp32 (95 M, 0.38 GB).
+OTHER_MODELS_BYTES = 2_150_000_000
+T5_BYTES = 11_400_000_000  # umT5-XXL encoder in bf16 (5.7 B params), when it is not kept on the CPU
+RESERVE_BYTES = 2**30  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation
+
+
+def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool) -> int:
+    """Device bytes of the DiT's weights: floats at `dtype`; 1 byte per weight (+ a float32 scale per
+    output row) for the block Linears with `fp8_blocks`, or for every Linear of a quantized DiT."""
+    from model.dit import InfiniteTalkDiT  # noqa: PLC0415 (keep `import model.offload` light)
+
+    with torch.device("meta"):
+        model = InfiniteTalkDiT(config)
+    one_byte = {
+        id(m.weight)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and (quantized or (fp8_blocks and name.startswith("blocks.")))
+    }
+    total = 0
+    for p in [*model.parameters(), *model.buffers()]:
+        if id(p) in one_byte:
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            size = dtype.itemsize if p.is_floating_point() else p.element_size()
+            total += p.numel() * size
+    return total
+
+
+def working_bytes_per_token(*, fp8_blocks: bool, compiled: bool, batched: bool) -> int:
+    """Device bytes per token of one DiT call above its weights (measured; see the table above)."""
+    base = WORKING_BYTES_PER_TOKEN["compiled" if compiled else "eager_fp8" if fp8_blocks else "eager"]
+    return base * (GUIDANCE_BRANCHES if batched else 1)
+
+
+def resident_need(
+    dit_bytes: int, tokens: int, *, per_token: int, other_bytes: int = OTHER_MODELS_BYTES
+) -> int:
+    """Device bytes a resident run needs: DiT weights + working set of `tokens` + other models + reserve."""
+    return dit_bytes + tokens * per_token + other_bytes + RESERVE_BYTES
+
+
+@dataclass(frozen=True)
+class OffloadDecision:
+    """Whether the DiT blocks are offloaded, and a one-line why (with the numbers)."""
+
+    offload: bool
+    reason: str
+
+
+def decide_offload(
+    setting: str | bool, *, device_type: str, limit_bytes: int | None, need_bytes: int
+) -> OffloadDecision:
+    """`infinitetalk.offload` -> a decision. `auto`: offload on a CUDA device whose usable memory
+    (`limit_bytes`, see `device_memory_limit`) is below `need_bytes`; never on a CPU."""
+    gib = 2**30
+    if setting is True or setting is False:
+        return OffloadDecision(setting, f"forced by offload: {str(setting).lower()}")
+    if setting != "auto":
+        raise ValueError(f"offload must be auto, true or false, got {setting!r}")
+    if device_type != "cuda" or limit_bytes is None:
+        return OffloadDecision(False, f"auto: {device_type} run, the DiT stays where it is")
+    numbers = f"device {limit_bytes / gib:.1f} GiB, a resident run needs ~{need_bytes / gib:.1f} GiB"
+    if limit_bytes < need_bytes:
+        return OffloadDecision(True, f"auto: {numbers} -> blocks streamed from pinned host memory")
+    return OffloadDecision(False, f"auto: {numbers} -> resident")
+
+
+def device_memory_limit(device: torch.device | str) -> int:
+    """Total bytes this process may use on a CUDA `device` (the card's memory, capped by
+    `torch.cuda.set_per_process_memory_fraction`)."""
+    device = torch.device(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return int(fraction(device) * total) if fraction is not None else total

@@ -138,6 +138,9 @@ class InfiniteTalkConfig:
     compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
     fp8_compute: bool  # DiT block linears as fp8 GEMMs (Hopper); drift vs bf16 in benchmarks/RESULTS.md
     fp8_attention: bool  # DiT self-attention as cuDNN fp8 attention (Hopper); drift in benchmarks/RESULTS.md
+    offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
+    vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
+    vae_tile_px: int  # tile side with vae_tiling: true (tiles overlap by a quarter)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     import torch
 
     from model.loading import LoadSpec
+    from model.offload import OffloadDecision
+    from model.vae import TileSpec
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,10 @@ def resolve_options(
         )
     if not 0.0 < opts.denoise_strength <= 1.0:
         raise ConfigError("infinitetalk.denoise_strength", f"must be in (0, 1], got {opts.denoise_strength}")
+    if opts.vae_tile_px < 32 or opts.vae_tile_px % 32:
+        raise ConfigError(
+            "infinitetalk.vae_tile_px", f"must be a positive multiple of 32, got {opts.vae_tile_px}"
+        )
     return opts
 
 
@@ -156,26 +162,131 @@ def _device(name: str) -> str:
     return name
 
 
-def load_spec(opts: InfiniteTalkConfig, device: str) -> LoadSpec:
-    """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32)."""
+def offload_decision(
+    opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81, limit_bytes: int | None = None
+) -> OffloadDecision:
+    """`infinitetalk.offload` for a run on `device`. auto: offload when the device's usable memory
+    (`limit_bytes`; default: asked from CUDA) is below what a resident run of the mode needs at its
+    largest bucket and `frame_num`-frame chunks with its compile / fp8 / batched-guidance settings
+    (`model.offload.resident_need`); never on a CPU."""
+    import torch  # noqa: PLC0415
+
+    from model.config import DIT_PRESETS  # noqa: PLC0415
+    from model.offload import (  # noqa: PLC0415
+        OTHER_MODELS_BYTES,
+        T5_BYTES,
+        decide_offload,
+        device_memory_limit,
+        dit_weight_bytes,
+        resident_need,
+        working_bytes_per_token,
+    )
+    from tasks.frames import BUCKET_TABLES  # noqa: PLC0415
+
+    device_type = torch.device(device).type
+    if opts.offload != "auto" or device_type != "cuda":
+        return decide_offload(opts.offload, device_type=device_type, limit_bytes=None, need_bytes=0)
+    tiny = opts.mode == "tiny"
+    table = BUCKET_TABLES["480" if tiny else opts.mode.removeprefix("infinitetalk-")]
+    h, w = max(table.values(), key=lambda hw: hw[0] * hw[1])
+    h, w = tiny_hw((h, w)) if tiny else (h, w)
+    tokens = (1 + (frame_num - 1) // 4) * (h // 16) * (w // 16)  # latent frames x 2x2 patches of h/8 x w/8
+    fp8 = opts.fp8_compute and not tiny
+    dtype = torch.float32 if tiny else getattr(torch, opts.dtype)
+    config = DIT_PRESETS["tiny" if tiny else "infinitetalk-14b"]
+    dit = dit_weight_bytes(config, dtype, fp8_blocks=fp8, quantized=opts.quant != "none")
+    other = 0 if tiny else OTHER_MODELS_BYTES + (0 if opts.t5_cpu else T5_BYTES)
+    compiled = opts.compile is not False  # auto compiles on CUDA
+    per_token = working_bytes_per_token(fp8_blocks=fp8, compiled=compiled, batched=opts.batch_branches)
+    need = resident_need(dit, tokens, per_token=per_token, other_bytes=other)
+    limit = device_memory_limit(device) if limit_bytes is None else limit_bytes
+    return decide_offload("auto", device_type=device_type, limit_bytes=limit, need_bytes=need)
+
+
+def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> LoadSpec:
+    """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32), with the offload
+    decision of `offload_decision` (its reason rides along and is logged by the loader)."""
     import torch  # noqa: PLC0415
 
     from model.loading import LoadSpec  # noqa: PLC0415
 
     layout = "infinitetalk-480" if opts.mode == "tiny" else opts.mode
     loras = tuple((str(lora["path"]), float(lora.get("scale", 1.0))) for lora in opts.loras)
+    off = offload_decision(opts, device, frame_num=frame_num)
     if opts.mode == "tiny" or device == "cpu":
         f32 = torch.float32
         return LoadSpec(
             mode=layout, device=device, dtype=f32, vae_dtype=f32, t5_dtype=f32, clip_dtype=f32,
-            audio_dtype=f32, t5_cpu=True, quant=opts.quant, loras=loras,
+            audio_dtype=f32, t5_cpu=True, quant=opts.quant, loras=loras, offload=off.offload,
+            offload_reason=off.reason,
         )  # fmt: skip
     dtype = getattr(torch, opts.dtype)
     compile_dit = device.startswith("cuda") if opts.compile is None else opts.compile
     return LoadSpec(
         mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras,
         fp8_compute=opts.fp8_compute, fp8_attention=opts.fp8_attention, compile=compile_dit,
+        offload=off.offload, offload_reason=off.reason,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VaeTiling:
+    """When the VAE works on overlapping spatial tiles (`infinitetalk.vae_tiling`, `vae_tile_px`)."""
+
+    mode: str | bool = "auto"  # auto | True | False
+    tile_px: int = 256
+
+    def spec_for(
+        self, height: int, width: int, *, device_type: str, free_bytes: int | None, dtype: torch.dtype
+    ) -> TileSpec | None:
+        """Tiling of one (height x width)-pixel encode/decode; None = untiled. auto: tiles only on CUDA
+        when `free_bytes` is short of an untiled pass (`model.offload.vae_tiling_for`)."""
+        from model.offload import vae_tiling_for  # noqa: PLC0415
+        from model.vae import TileSpec  # noqa: PLC0415
+
+        if self.mode is True:
+            return TileSpec(tile=self.tile_px, stride=self.tile_px - self.tile_px // 4)
+        if self.mode is False or device_type != "cuda" or free_bytes is None:
+            return None
+        return vae_tiling_for(height, width, free_bytes, dtype=dtype)
+
+
+class _TiledVAE:
+    """The VAE as the sampler calls it (encode / decode), with the tiling of `VaeTiling` chosen per call
+    from the free device memory at that moment; logs whenever the choice changes."""
+
+    def __init__(self, vae: Any, tiling: VaeTiling, logger: logging.Logger | logging.LoggerAdapter):
+        self.vae, self.tiling, self.log = vae, tiling, logger
+        self.last: TileSpec | None = None
+
+    def _spec(self, op: str, height: int, width: int) -> TileSpec | None:
+        device = self.vae.device
+        free = None
+        if self.tiling.mode == "auto" and device.type == "cuda":
+            from model.offload import free_device_memory  # noqa: PLC0415
+
+            free = free_device_memory(device)
+        spec = self.tiling.spec_for(
+            height, width, device_type=device.type, free_bytes=free, dtype=self.vae.dtype
+        )
+        if spec != self.last:
+            if spec is None:
+                self.log.info("VAE %s at %dx%d: untiled again", op, width, height)
+            else:
+                why = "vae_tiling: true" if free is None else f"{free / 2**30:.1f} GiB free on {device}"
+                self.log.info(
+                    "VAE %s at %dx%d in %d px tiles every %d px (%s)", op, width, height, spec.tile,
+                    spec.stride, why,
+                )  # fmt: skip
+            self.last = spec
+        return spec
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        return self.vae.encode(video, tiling=self._spec("encode", *video.shape[-2:]))  # (B, 3, T, H, W)
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        h, w = (8 * n for n in latent.shape[-2:])  # (B, 16, L, h, w) -> pixels
+        return self.vae.decode(latent, tiling=self._spec("decode", h, w))
 
 
 class _TinyLog(logging.LoggerAdapter):
@@ -208,7 +319,7 @@ class ResidentModels:
         self._components: dict[str, Any] = {}
         self.loads: Counter[str] = Counter()
         self._worker: Any | None = None  # model.parallel.ShotWorker
-        self._worker_key: tuple[str, Any, int] | None = None
+        self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
         self._worker_dit_config: Any | None = None
         self._atexit = False
         self.worker_stats: dict[str, int] = {}
@@ -251,19 +362,27 @@ class ResidentModels:
 
     close = clear
 
-    def shot_worker_config(self, root: Path, spec: LoadSpec, world_size: int) -> Any:
-        """Start the ShotWorker for (root, spec, N) unless it runs already; returns its DiT config."""
+    def shot_worker_config(
+        self, root: Path, spec: LoadSpec, world_size: int, tiling: VaeTiling | None = None
+    ) -> Any:
+        """Start the ShotWorker for (root, spec, N, VAE tiling) unless it runs already; returns its DiT config."""
         from model.loading import COMPONENTS  # noqa: PLC0415
         from model.parallel import ShotWorker  # noqa: PLC0415
 
-        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS), world_size)
+        tiling = tiling or VaeTiling()
+        key = (
+            str(Path(root).resolve()),
+            dataclasses.replace(spec, components=COMPONENTS),
+            world_size,
+            tiling,
+        )
         with self._lock:
             if self._worker is not None and self._worker_key != key:
                 self._close_worker()
             if self._worker is None:
                 worker = ShotWorker(
                     world_size,
-                    functools.partial(_rank_setup, key[0], key[1]),
+                    functools.partial(_rank_setup, key[0], key[1], tiling),
                     _rank_handle,
                     backend="gloo" if spec.device == "cpu" else "nccl",
                 )
@@ -768,8 +887,9 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
     return out
 
 
-def _rank_setup(root: str, spec: LoadSpec, sp: Any) -> dict[str, Any]:
-    """ShotWorker setup of one rank: the DiT (sequence-parallel) everywhere, VAE and CLIP on rank 0 only."""
+def _rank_setup(root: str, spec: LoadSpec, tiling: VaeTiling, sp: Any) -> dict[str, Any]:
+    """ShotWorker setup of one rank: the DiT (sequence-parallel) everywhere, VAE (tiled per `tiling`) and
+    CLIP on rank 0 only."""
     from model.loading import load_models  # noqa: PLC0415
     from model.parallel import RankZeroCodec  # noqa: PLC0415
     from tasks.color import match_and_blend  # noqa: PLC0415
@@ -777,7 +897,8 @@ def _rank_setup(root: str, spec: LoadSpec, sp: Any) -> dict[str, Any]:
     components = ("dit", "vae", "clip") if sp.is_writer() else ("dit",)
     models = load_models(root, dataclasses.replace(spec, device=str(sp.device), components=components))
     sp.attach(models.dit)
-    vae = RankZeroCodec(sp, models.vae)  # decoded video / latents broadcast: identical on every rank
+    tiled = None if models.vae is None else _TiledVAE(models.vae, tiling, log)
+    vae = RankZeroCodec(sp, tiled)  # decoded video / latents broadcast: identical on every rank
     clip = RankZeroCodec(sp, models.clip)  # CLIP features likewise
     chunk_models = ChunkModels(models.dit, vae, clip.encode, match_and_blend, str(sp.device))
     return {"models": chunk_models, "jobs": 0}
@@ -821,6 +942,14 @@ class InfiniteTalkBackend:
         self.tiny = self.opts.mode == "tiny"
         self.log: logging.Logger | logging.LoggerAdapter = _TinyLog(log, {}) if self.tiny else log
         self.region_cfg = region_config(config)
+        self.vae_tiling = VaeTiling(self.opts.vae_tiling, self.opts.vae_tile_px)
+        self._specs: dict[str, LoadSpec] = {}  # per device: the offload decision is made once per config
+
+    def load_spec(self, device: str) -> LoadSpec:
+        """`load_spec` of the bound options for `device` (kept: `offload: auto` asks CUDA and sizes the DiT)."""
+        if device not in self._specs:
+            self._specs[device] = load_spec(self.opts, device, frame_num=self.config.plan.frame_num)
+        return self._specs[device]
 
     # --- weights and models
 
@@ -835,7 +964,7 @@ class InfiniteTalkBackend:
     def models(self, *components: str) -> dict[str, Any]:
         """Components from the process's resident set (loaded on first use)."""
         device = _device(self.opts.device)
-        return RESIDENT.get(self.weights_root(), load_spec(self.opts, device), components)
+        return RESIDENT.get(self.weights_root(), self.load_spec(device), components)
 
     def shot_worker_config(self) -> Any:
         """Start the process's ShotWorker (`gpus_per_shot` ranks) unless it runs; its DiT config."""
@@ -847,7 +976,7 @@ class InfiniteTalkBackend:
                 "infinitetalk.gpus_per_shot",
                 f"{n} GPUs per shot but {torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES)",
             )
-        return RESIDENT.shot_worker_config(self.weights_root(), load_spec(self.opts, device), n)
+        return RESIDENT.shot_worker_config(self.weights_root(), self.load_spec(device), n, self.vae_tiling)
 
     # --- per-film caches
 
@@ -884,7 +1013,7 @@ class InfiniteTalkBackend:
     def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: _Stopwatch) -> Path:
         """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
 
-        spec = load_spec(self.opts, _device(self.opts.device))
+        spec = self.load_spec(_device(self.opts.device))
         dtype = str(spec.dtype).removeprefix("torch.")
         key = hashlib.sha256(
             "\0".join([audio_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
@@ -1007,7 +1136,7 @@ class _Session:
                 dcfg = self.dit.config
                 self.chunk_models = ChunkModels(
                     _TimedDiT(self.dit, self.watch),
-                    _TimedVAE(self.vae, self.watch),
+                    _TimedVAE(_TiledVAE(self.vae, backend.vae_tiling, self.log), self.watch),
                     self._clip,
                     self._color,
                     self.device,
