@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--sharpness", type=float, default=3.0**0.5)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--check-queries", type=int, default=256)
+    p.add_argument("--explore", action="store_true", help="also fp8 layouts and autotuned plans")
     p.add_argument("--json")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -114,6 +115,17 @@ def measure(size: str, args, runner, g, dev) -> dict:
         "cudnn_fp8_kernel": lambda: runner(q8, k8, v8, scale, descale),
         "cudnn_fp8_with_quant": lambda: ca.sdpa_fp8(q, k, v, None, scale),
     }
+    if args.explore:  # other layouts of the fp8 inputs, and every plan of each graph (autotune)
+        tuned = ca.CudnnAttention(autotune=True)
+        bhsd = [t.contiguous() for t in (q8, k8, v8)]
+        cases.update(
+            {
+                "cudnn_bf16_autotuned": lambda: tuned(q, k, v, scale),
+                "cudnn_fp8_autotuned": lambda: tuned(q8, k8, v8, scale, descale),
+                "cudnn_fp8_bhsd": lambda: runner(*bhsd, scale, descale),
+                "cudnn_fp8_bhsd_autotuned": lambda: tuned(*bhsd, scale, descale),
+            }
+        )
     rows = {}
     with ca.attention_scope(runner):
         for name, fn in cases.items():
@@ -128,6 +140,14 @@ def measure(size: str, args, runner, g, dev) -> dict:
             except Exception as exc:  # noqa: BLE001 (one failing kernel must not hide the others)
                 rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             print(size, name, json.dumps(rows[name]), flush=True)
+    if args.explore:
+        for key, g in tuned._graphs.items():
+            print(
+                "plans",
+                key[1],
+                key[3],
+                json.dumps({n: round(t * 1e3, 2) for n, t in (g.plan_times or {}).items()}),
+            )
     print(f"\n{size}  [{b},{h},{L},{d}]  sharpness {args.sharpness:.3f}")
     print(f"{'kernel':24s} {'ms':>9s} {'TFLOP/s':>8s} {'rel L2':>9s} {'rel max':>9s}")
     for name, r in rows.items():

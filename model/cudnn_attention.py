@@ -80,12 +80,19 @@ class _Graph:
     workspace: torch.Tensor
     extras: dict  # frontend tensor -> device tensor (fp8 scales and amax outputs)
     descales: tuple  # frontend tensors of descale_q, descale_k, descale_v (fp8 only)
+    plan: int | None = None  # autotuned plan index (None: the heuristics' first choice)
+    plan_times: dict | None = None  # plan name -> measured seconds (autotune)
 
 
 class CudnnAttention:
-    """Owner of the built cuDNN attention graphs, one cuDNN handle per device; use one per model."""
+    """Owner of the built cuDNN attention graphs, one cuDNN handle per device; use one per model.
 
-    def __init__(self) -> None:
+    `autotune`: build every plan the heuristics propose for a new graph and time each once on the
+    first call's real inputs, then keep the fastest (like `torch.backends.cudnn.benchmark`).
+    """
+
+    def __init__(self, *, autotune: bool = False) -> None:
+        self.autotune = autotune
         self._graphs: dict[tuple, _Graph] = {}
         self._handles: dict[int, object] = {}
 
@@ -153,8 +160,15 @@ class CudnnAttention:
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
-        graph.build_plans()
-        workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
+        if self.autotune:
+            graph.build_plans(cudnn.build_plan_policy.ALL)
+            size = max(
+                graph.get_workspace_size_plan_at_index(i) for i in range(graph.get_execution_plan_count())
+            )
+        else:
+            graph.build_plans()
+            size = graph.get_workspace_size()
+        workspace = torch.empty(size, dtype=torch.uint8, device=q.device)
         log.debug(
             "built cuDNN %s attention graph q%s k%s",
             "fp8" if fp8 else str(q.dtype),
@@ -195,8 +209,39 @@ class CudnnAttention:
         cudnn = _cudnn()
         handle = self._handle(q.device)
         cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
-        entry.graph.execute(pack, entry.workspace, handle=handle)
+        if self.autotune and entry.plan is None:
+            self._tune(entry, pack, handle)
+        if entry.plan is None:
+            entry.graph.execute(pack, entry.workspace, handle=handle)
+        else:
+            entry.graph.execute_plan_at_index(pack, entry.workspace, entry.plan, handle=handle)
         return out
+
+    def _tune(self, entry: _Graph, pack: dict, handle) -> None:
+        """Time every built plan twice on these inputs (host syncs: once per graph) and keep the fastest."""
+        graph, times = entry.graph, {}
+        for i in range(graph.get_execution_plan_count()):
+            if graph.get_workspace_size_plan_at_index(i) > entry.workspace.numel():
+                continue  # not built
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            try:
+                graph.execute_plan_at_index(pack, entry.workspace, i, handle=handle)  # warm-up
+                start.record()
+                graph.execute_plan_at_index(pack, entry.workspace, i, handle=handle)
+                end.record()
+                end.synchronize()
+            except Exception as exc:  # noqa: BLE001 (a plan that cannot run is just not a candidate)
+                log.debug("cuDNN attention plan %d failed: %s", i, exc)
+                continue
+            times[i] = start.elapsed_time(end) / 1e3
+        if times:
+            entry.plan = min(times, key=times.get)
+            entry.plan_times = {graph.get_plan_name_at_index(i): t for i, t in times.items()}
+            log.info(
+                "cuDNN attention autotune: plan %s of %d",
+                graph.get_plan_name_at_index(entry.plan),
+                len(times),
+            )
 
 
 @contextlib.contextmanager

@@ -174,6 +174,10 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
     )
     branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
     precision = "float32" if opts.mode == "tiny" else (opts.quant if opts.quant != "none" else opts.dtype)
+    if opts.mode != "tiny" and opts.fp8_compute:
+        precision = "fp8"  # fp8 GEMMs, from bf16 weights or the fp8 files
+    if opts.mode != "tiny" and opts.fp8_attention:
+        precision += "+fp8attn"
     est, missing = cfg.estimate, []
     fwd = _figure(
         est.dit_forward_s.get(opts.mode, {}), precision, f"dit_forward_s.{opts.mode}.{precision}", missing

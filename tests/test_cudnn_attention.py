@@ -141,3 +141,16 @@ def test_tiny_dit_on_cudnn_backends_tracks_sdpa():
     assert _rel(outs["cudnn"], outs["auto"]) < 2e-2
     assert _rel(outs["cudnn_fp8"], outs["auto"]) < 0.2
     assert len(model.attn_graphs) >= 2  # bf16 and fp8 graphs kept by the model for the next call
+
+
+@pytest.mark.cuda
+@needs_cudnn
+def test_autotune_times_the_plans_and_keeps_one():
+    q, k, v = _qkv(1, 1024, 1024)
+    tuned, plain = ca.CudnnAttention(autotune=True), ca.CudnnAttention()
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    out, ref = tuned(qt, kt, vt, 0.1), plain(qt, kt, vt, 0.1)
+    (entry,) = tuned._graphs.values()
+    assert entry.plan is not None and entry.plan_times  # every built plan was timed
+    assert _rel(out, ref) < 1e-2
+    assert torch.equal(tuned(qt, kt, vt, 0.1), out)  # the kept plan is reused

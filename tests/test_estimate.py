@@ -88,3 +88,15 @@ def test_cli_json_with_missing_figures_is_a_lower_bound(capsys):
     assert out["lower_bound"] and "vae_chunk_s.infinitetalk-720" in out["missing"]
     assert out["dubbed_shots"] == 3 and out["passthrough_shots"] == 2 and out["dubbed_chunks"] == 3
     assert out["total_s"] > 3 * 20 * 2 * FWD_720 * 13 / 21  # at least the DiT work of three short chunks
+
+
+def test_fp8_settings_price_chunks_with_their_own_figures(capsys):
+    """fp8 GEMMs and fp8 attention each pick their measured forward time (key `fp8+fp8attn`)."""
+    rc = main(
+        ["estimate", str(FILM), "--audio", str(DUB), "--json", "--set", "infinitetalk.mode=infinitetalk-480",
+         "--set", "infinitetalk.fp8_compute=true", "--set", "infinitetalk.fp8_attention=true"]
+    )  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == "fp8+fp8attn"
+    assert out["dit_forward_s"] == _FIGURES["infinitetalk-480"]["fp8+fp8attn"] < FWD_480
