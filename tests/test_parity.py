@@ -26,9 +26,7 @@ def test_parity_dir_has_cases():
     assert _case_dirs(), f"no manifest.json under {PARITY_DIR}"
 
 
-@pytest.mark.parametrize(
-    "case_dir", _case_dirs(), ids=lambda p: p.relative_to(PARITY_DIR).as_posix()
-)
+@pytest.mark.parametrize("case_dir", _case_dirs(), ids=lambda p: p.relative_to(PARITY_DIR).as_posix())
 def test_parity_case(case_dir: Path):
     manifest = json.loads((case_dir / "manifest.json").read_text())
     component = case_dir.relative_to(PARITY_DIR).parts[0]
