@@ -637,10 +637,19 @@ class Run:
             out["vs_resident_fp8"] = rel_err(keep["out"].float().cpu(), self.state["fp8_out"])
             self.log(f"offload vs resident {out['vs_resident_fp8']}")
         self.row(
-            f"fp8 compiled + block offload ({cap_gib:.0f} GiB cap)", "480p", r["seconds"], self.floor("480p"),
+            f"fp8 compiled{self.attn_note} + block offload ({cap_gib:.0f} GiB cap)", "480p", r["seconds"], self.floor("480p"),
             r["peak_gib"], h2d_gb_s=out.get("h2d_gb_s"),
         )  # fmt: skip
         out["forward"] = r
+        if self.args.offload_chunk and self.cuda:  # whole chunks while offloaded, under the same cap
+            torch.cuda.set_per_process_memory_fraction(cap_gib * GIB / total)
+            try:
+                torch.cuda.reset_peak_memory_stats()
+                out["chunk"] = self.chunk(note=f" + block offload, {cap_gib:.0f} GiB cap")
+                out["chunk_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+                self.log(f"chunks under the cap: peak {out['chunk_peak_gib']:.1f} GiB")
+            finally:
+                torch.cuda.set_per_process_memory_fraction(1.0)
         t1 = time.perf_counter()
         off.remove()  # back to resident for the sections after this one
         out["remove_s"] = time.perf_counter() - t1
@@ -704,7 +713,7 @@ class Run:
             torch.cuda.empty_cache()
         return out
 
-    def chunk(self) -> dict:
+    def chunk(self, note: str = "") -> dict:
         """Whole chunks through stream_generate (fast mode), CPU post-processing inline vs overlapped."""
         c, dev, dtype = self.config, self.device, self.dtype
         vae_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.args.chunk_vae]
@@ -819,7 +828,7 @@ class Run:
                 span, gpu_span = marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
                 res["steady_per_chunk_s"] = span / (len(marks) - 1)
                 res["steady_gpu_idle_pct"] = 100.0 * (1 - gpu_span / span)
-            label = f"chunk fast fp8{self.attn_note} 4 steps 1 call, VAE {self.args.chunk_vae}, {chunks} chunks, CPU post {mode}"
+            label = f"chunk fast fp8{self.attn_note}{note} 4 steps 1 call, VAE {self.args.chunk_vae}, {chunks} chunks, CPU post {mode}"
             self.row(
                 label, "480p", res["per_chunk_s"], None, None,
                 gpu_idle_pct=res["gpu_idle_pct"], split={k: v / chunks for k, v in gpu.items()},
@@ -925,6 +934,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--fp8-attention", action="store_true", help="keep cuDNN fp8 attention for the sections after fp8attn"
+    )
+    p.add_argument(
+        "--offload-chunk",
+        action="store_true",
+        help="offload section: also whole chunks while offloaded, under the cap",
     )
     p.add_argument("--chunks", type=int, default=2, help="chunks per chunk run (>= 3 gives steady state)")
     p.add_argument("--chunk-modes", nargs="+", default=["prefetch", "inline"], choices=("prefetch", "inline"))
