@@ -65,7 +65,7 @@ from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, slice_bounds
 from tasks.backend import BACKENDS, Backend, get_backend
 from tasks.config import DebugConfig, PipelineConfig, load_config
 from tasks.errors import ConfigError, DubflowError
-from tasks.plan import plan_film
+from tasks.plan import ShotPlan, plan_film
 from tasks.probe import VideoInfo, probe
 from tasks.render import ShotJob, render_shot_result
 from tasks.shots import ShotList, detect_shots
@@ -78,7 +78,7 @@ GPU_POOL = "gpu-pool"
 # config that never changes a shot's pixels: changing it resumes the same workspace
 # (sequence parallelism and block offload give bit-identical outputs; profiling only adds device syncs)
 NON_SHOT_CONFIG = (
-    "encode", "workspace", "cost", "debug", "infinitetalk.gpus_per_shot", "infinitetalk.profile",
+    "encode", "workspace", "cost", "estimate", "debug", "infinitetalk.gpus_per_shot", "infinitetalk.profile",
     "infinitetalk.offload",
 )  # fmt: skip
 Fanout = Literal["auto", "local", "deployments"]
@@ -705,20 +705,15 @@ def run_pipeline(
     records = _shot_records(shots, plans, track)
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
-    cost = GpuCost(
-        steps=cfg.cost.steps,
-        calls_per_step=cfg.cost.calls_per_step,
-        s_per_forward=cfg.cost.s_per_forward,
-        model_load_s=cfg.cost.model_load_s,
-        chunk_overhead_s=cfg.cost.chunk_overhead_s,
-    )
     needs_gpu = cfg.backend.name != "passthrough"
+    cost = GpuCost.from_config(cfg, needs_gpu=needs_gpu)  # the `dubflow estimate` chunk price
+    logger.info("group sizing: %s; load share <= %g", cost.describe(), cost.max_load_share)  # names stand-ins
     n_workers = runner.n_workers()
     groups = plan_groups(
-        [ShotCost(r["index"], cost.shot_s(r["chunks"], needs_gpu=needs_gpu)) for r in records],
+        [ShotCost(r["index"], cost.shot_s(ShotPlan.from_dict(r["plan"]))) for r in records],
         n_workers=n_workers,
         model_load_s=cost.model_load_s,
-        max_load_share=cfg.cost.max_load_share,
+        max_load_share=cost.max_load_share,
     )
     shares = [g.load_share(cost.model_load_s) for g in groups] if needs_gpu else [0.0]
     logger.info(

@@ -1,7 +1,7 @@
 """Shot groups: the unit of distribution on the GPU pool, and the GPU-time estimate that sizes them.
 
 Each group becomes one child flow run (deployment ``dub-group/gpu``) on a GPU worker, and every child
-run pays a fixed start-up cost once (process start, imports, loading ~30 GB of weights: ``model_load_s``).
+run pays a fixed start-up cost once (process start, imports, loading ~35 GB of weights: ``model_load_s``).
 Groups are runs of *consecutive* shots, sized so that this fixed cost is at most ``max_load_share`` of the
 group's total GPU time::
 
@@ -14,6 +14,10 @@ better spread over workers). It never returns fewer groups than ``min(n_workers,
 bound cannot hold with that many groups, it gives exactly that many groups, balanced so the longest
 group is as short as possible (the film's wall time is bounded by its longest group).
 
+A shot's estimate and the load come from ``GpuCost``: the same chunk price as ``dubflow estimate``
+(``tasks.estimate.chunk_price``: the run's steps, guidance branches and precision against the config's
+``estimate:`` figures), with the ``cost.fallback_*`` stand-ins where a figure is not measured.
+
 Every group is charged one model load, even one made only of pass-through shots (cost ~0); this is
 conservative and keeps such shots merged into neighbouring groups instead of paying a child run each.
 Pure module: no Prefect, no I/O.
@@ -22,8 +26,12 @@ Pure module: no Prefect, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tasks.config import PipelineConfig
+from tasks.estimate import ChunkPrice, chunk_price, shot_gpu_s
+from tasks.plan import ShotPlan
 
 # Relative slack when comparing float sums, so that a group whose work equals the needed work up to
 # rounding counts as meeting the bound.
@@ -70,58 +78,42 @@ class Group:
 
 @dataclass(frozen=True)
 class GpuCost:
-    """Figures of the GPU-time model (from the pipeline config's cost section).
+    """The GPU-time model sizing groups: one full chunk's price and the model load every group pays.
 
-    ``steps`` denoising steps per chunk, ``calls_per_step`` DiT forwards per step (3 with text + audio
-    guidance, 1 when guidance is distilled away), ``s_per_forward`` seconds per DiT forward on one chunk
-    at the configured resolution, ``chunk_overhead_s`` per-chunk work outside the DiT (VAE encode/decode,
-    colour, I/O), ``model_load_s`` the fixed cost of one child run (process start + weight loading).
+    The price is `tasks.estimate.chunk_price` of the run's config, the same rule as `dubflow estimate`,
+    with the `cost.fallback_*` stand-ins for unmeasured figures; ``price`` is None when the backend needs
+    no GPU (pass-through: shots cost 0, a group still pays a process start, so groups = one per worker).
     """
 
-    steps: int
-    calls_per_step: int
-    s_per_forward: float
+    price: ChunkPrice | None
     model_load_s: float
-    chunk_overhead_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"GpuCost.{f.name}: expected a finite number >= 0, got {value!r}")
+    max_load_share: float
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, object]) -> GpuCost:
-        """Build from a config mapping; unknown keys are an error naming them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"GpuCost: unknown key(s) {unknown}; expected some of {sorted(known)}")
-        return cls(**values)  # type: ignore[arg-type]
-
-    def shot_s(self, chunks: int, *, needs_gpu: bool = True) -> float:
-        """Estimated GPU seconds of a shot of ``chunks`` chunks (0 when it needs no GPU)."""
+    def from_config(cls, cfg: PipelineConfig, *, needs_gpu: bool = True) -> GpuCost:
         if not needs_gpu:
-            return 0.0
-        dit = est_gpu_s(chunks, self.steps, self.calls_per_step, self.s_per_forward)
-        return dit + chunks * self.chunk_overhead_s
+            return cls(None, cfg.cost.fallback_load_s, cfg.cost.max_load_share)
+        price = chunk_price(cfg, fallbacks=True)
+        assert price.load_s is not None  # filled by a fallback when unmeasured
+        return cls(price, price.load_s, cfg.cost.max_load_share)
 
+    def shot_s(self, plan: ShotPlan) -> float:
+        """Estimated GPU seconds of a shot's chunks (each scaled by its latent frames; 0 without GPU)."""
+        return 0.0 if self.price is None else shot_gpu_s(plan, self.price.chunk_s)
 
-def est_gpu_s(chunks: int, steps: int, calls_per_step: int, s_per_forward: float) -> float:
-    """GPU seconds of the DiT for one shot: every chunk runs ``steps`` x ``calls_per_step`` forwards."""
-    if min(chunks, steps, calls_per_step) < 0 or s_per_forward < 0:
-        raise ValueError(
-            f"est_gpu_s: negative input (chunks={chunks}, steps={steps}, "
-            f"calls_per_step={calls_per_step}, s_per_forward={s_per_forward})"
-        )
-    return float(chunks * steps * calls_per_step) * s_per_forward
+    def describe(self) -> str:
+        """One line for the film run's log: the figures used and which were stand-ins."""
+        if self.price is None:
+            return "no GPU work (pass-through backend): every shot costs 0"
+        return self.price.describe()
 
 
 def min_group_work_s(model_load_s: float, max_load_share: float) -> float:
     """Smallest group work (GPU s, without the load) for which the load share is <= ``max_load_share``."""
-    if model_load_s == 0:
+    if model_load_s == 0 or max_load_share >= 1:
         return 0.0
-    return model_load_s * (1.0 - max_load_share) / max_load_share
+    # a group with no work has load share 1: never 0 here, even when the product underflows (tiny loads)
+    return max(model_load_s / max_load_share * (1.0 - max_load_share), math.ulp(0.0))
 
 
 def plan_groups(

@@ -91,14 +91,35 @@ class WorkspaceConfig:
 
 @dataclass(frozen=True)
 class CostConfig:
-    """GPU-time model that sizes shot groups (`flows.groups.GpuCost`): one group pays `model_load_s` once."""
+    """Shot-group sizing (`flows.groups.GpuCost`): chunks are priced like `dubflow estimate`
+    (`tasks.estimate.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
 
-    steps: int
-    calls_per_step: int
-    s_per_forward: float
-    chunk_overhead_s: float
-    model_load_s: float
-    max_load_share: float
+    max_load_share: float  # a group's model load is at most this share of its GPU time
+    fallback_dit_forward_s: float
+    fallback_vae_chunk_s: float
+    fallback_load_s: float
+
+
+# Keys removed from the config -> where their meaning lives now (the unknown-key error says so).
+REMOVED_KEYS: typing.Mapping[str, str] = types.MappingProxyType(
+    {
+        "cost.steps": "infinitetalk.steps (null = the mode's preset) and infinitetalk.denoise_strength",
+        "cost.calls_per_step": "infinitetalk.text_guide_scale / audio_guide_scale (guidance branches)",
+        "cost.s_per_forward": "estimate.dit_forward_s.<mode>.<precision>, cost.fallback_dit_forward_s where null",
+        "cost.chunk_overhead_s": "estimate.vae_chunk_s.<mode>, cost.fallback_vae_chunk_s where null",
+        "cost.model_load_s": "estimate.load_s.<mode>, cost.fallback_load_s where null",
+    }
+)
+
+
+def _unknown_key(key: str) -> str:
+    """The unknown-key message; for a removed key, where its meaning lives now."""
+    if key in REMOVED_KEYS:
+        return (
+            f"unknown key {key} (removed: shot groups are priced like `dubflow estimate` now, "
+            f"from {REMOVED_KEYS[key]})"
+        )
+    return f"unknown key {key}"
 
 
 @dataclass(frozen=True)
@@ -268,7 +289,9 @@ def _build(cls: type, data: Any, where: str, prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ConfigError(where, f"unknown key {prefix}{unknown[0]} (known: {', '.join(names)})")
+        key = f"{prefix}{unknown[0]}"
+        known = "" if key in REMOVED_KEYS else f" (known: {', '.join(names)})"
+        raise ConfigError(where, _unknown_key(key) + known)
     missing = [n for n in names if n not in data]
     if missing:
         raise ConfigError(where, f"missing key {prefix}{missing[0]}")
@@ -300,7 +323,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str =
     """Merge `over` into `base` in place; keys must exist in `base` except inside free-form dicts."""
     for key, value in over.items():
         if key not in base:
-            raise ConfigError(where, f"unknown key {prefix}{key}")
+            raise ConfigError(where, _unknown_key(f"{prefix}{key}"))
         if isinstance(base[key], dict) and isinstance(value, dict) and base[key]:
             _merge(base[key], value, where, f"{prefix}{key}.")
         else:
@@ -330,7 +353,7 @@ def apply_override(data: dict[str, Any], parts: list[str], value: Any, *, free_f
             if path.rsplit(".", 1)[0] in free_form or any(path.startswith(f + ".") for f in free_form):
                 node[part] = {}
             else:
-                raise ConfigError("--set", f"unknown key {'.'.join(parts)}")
+                raise ConfigError("--set", _unknown_key(".".join(parts)))
         if not isinstance(node[part], dict):
             raise ConfigError("--set", f"{path} is not a section")
         node = node[part]
@@ -338,7 +361,7 @@ def apply_override(data: dict[str, Any], parts: list[str], value: Any, *, free_f
     parent = ".".join(parts[:-1])
     inside_free = parent in free_form or any(parent.startswith(f + ".") for f in free_form)
     if parts[-1] not in node and not inside_free:
-        raise ConfigError("--set", f"unknown key {leaf}")
+        raise ConfigError("--set", _unknown_key(leaf))
     node[parts[-1]] = value
 
 

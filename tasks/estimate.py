@@ -1,4 +1,4 @@
-"""`dubflow estimate`: what a film will cost before any GPU work.
+"""`dubflow estimate`: what a film will cost before any GPU work, and the chunk price groups are sized by.
 
 Probes the film, finds its shots, plans their chunks and runs the dub gate on each shot (speech in the
 dub track's slice; a face in a few decoded frames, only for shots with speech), then prices the dubbed
@@ -9,12 +9,18 @@ shots' chunks with the benchmark figures of the config's `estimate` section:
 `scale` is the chunk's latent frames over a full chunk's (a short last chunk costs less; attention makes
 the real saving a little larger). Figures that are not measured yet (null) are reported as missing and
 the total is then a lower bound. TeaCache savings are not modelled (the estimate is an upper bound then).
+Per-chunk CPU work (frame decode, colour, composite, FFV1 encode: ~3.5 s per 480P chunk in
+benchmarks/bench_shot.py) is not counted either.
+
+`chunk_price` is the one pricing rule: the film run sizes its shot groups (`flows.groups.GpuCost`) with
+the same function, filling unmeasured figures with the `cost.fallback_*` stand-ins.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tasks.config import PipelineConfig
+from tasks.errors import ConfigError
 from tasks.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -130,27 +137,115 @@ def shot_gpu_s(plan: ShotPlan, per_full_chunk_s: float) -> float:
     return sum(per_full_chunk_s * latent_frames(c.num_frames) / full for c in plan.chunks)
 
 
-def _figure(table: dict[str, Any], key: str, what: str, missing: list[str]) -> float | None:
-    value = table.get(key)
-    if value is None:
-        missing.append(what)
-        return None
+@dataclass(frozen=True)
+class ChunkPrice:
+    """GPU seconds of one full chunk under a config's InfiniteTalk settings, and the figures behind it.
+
+    `missing` names the `estimate:` figures that are null for this mode/precision; `fallbacks` names the
+    ones replaced by a `cost.fallback_*` stand-in (only when asked for: group sizing), the others count 0.
+    """
+
+    mode: str
+    precision: str  # key of estimate.dit_forward_s.<mode>: dtype or quant, "fp8" for fp8 GEMMs, +fp8attn
+    steps: int  # denoising steps run per chunk (after denoise_strength)
+    branches: int  # guidance branches = DiT forwards per step
+    dit_forward_s: float | None
+    vae_chunk_s: float | None
+    load_s: float | None  # one process's start-up: imports + loading every component
+    missing: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+
+    @property
+    def chunk_s(self) -> float:
+        """steps x branches x dit_forward_s + vae_chunk_s (unknown figures count 0)."""
+        return self.steps * self.branches * (self.dit_forward_s or 0.0) + (self.vae_chunk_s or 0.0)
+
+    def describe(self) -> str:
+        """One line for logs: the formula with its figures and where unmeasured ones came from."""
+        line = (
+            f"{self.mode} ({self.precision}): {self.steps} steps x {self.branches} branches x "
+            f"{_fig(self.dit_forward_s)} + VAE {_fig(self.vae_chunk_s)} = {self.chunk_s:.1f} s per full chunk, "
+            f"model load {_fig(self.load_s)}"
+        )
+        if self.fallbacks:
+            line += f"; not measured, stand-ins used: {', '.join(self.fallbacks)}"
+        elif self.missing:
+            line += f"; not measured (counted 0): {', '.join(self.missing)}"
+        return line
+
+
+def chunk_price(cfg: PipelineConfig, *, fallbacks: bool = False) -> ChunkPrice:
+    """The price of one full chunk from `cfg`'s `infinitetalk:` settings (with `backend.options`) and
+    `estimate:` figures: the one pricing rule of `dubflow estimate` and of shot-group sizing.
+
+    `fallbacks=True` replaces each null figure with its `cost.fallback_*` stand-in (group sizing must
+    size groups even in tiny mode or at an unmeasured precision); pure, no I/O.
+    """
+    from model.guidance import guidance_branches  # noqa: PLC0415
+    from model.sampler import sampler_preset  # noqa: PLC0415
+    from tasks.infinitetalk import resolve_options  # noqa: PLC0415
+
+    overrides = cfg.backend.options if cfg.backend.name == "infinitetalk" else {}
+    opts = resolve_options(cfg, overrides, need_weights=False)
+    preset = sampler_preset(opts.mode)
+    steps = opts.steps if opts.steps is not None else preset.sampling_steps
+    run = dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength)
+    branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
+    if opts.mode == "tiny":
+        precision = "float32"  # tiny mode always runs float32
+    else:
+        precision = "fp8" if opts.fp8_compute else (opts.quant if opts.quant != "none" else opts.dtype)
+        precision += "+fp8attn" if opts.fp8_attention else ""
+    mode, est = opts.mode, cfg.estimate
+    wanted = (  # (the figure's key under estimate:, its value, the cost: key of its stand-in)
+        (f"dit_forward_s.{mode}.{precision}", _lookup(est.dit_forward_s.get(mode), precision), "fallback_dit_forward_s"),
+        (f"vae_chunk_s.{mode}", _lookup(est.vae_chunk_s, mode), "fallback_vae_chunk_s"),
+        (f"load_s.{mode}", _lookup(est.load_s, mode), "fallback_load_s"),
+    )  # fmt: skip
+    values: list[float | None] = []
+    missing: list[str] = []
+    used: list[str] = []
+    for name, value, stand_in in wanted:
+        if value is not None:
+            value = _check(value, "estimate", name)
+        else:
+            missing.append(name)
+            if fallbacks:
+                value = _check(getattr(cfg.cost, stand_in), "cost", stand_in)
+                used.append(f"{name} -> cost.{stand_in}={value:g}")
+        values.append(value)
+    fwd, vae, load = values
+    return ChunkPrice(
+        mode=mode, precision=precision, steps=steps - run.start_step, branches=branches, dit_forward_s=fwd,
+        vae_chunk_s=vae, load_s=load, missing=tuple(missing), fallbacks=tuple(used),
+    )  # fmt: skip
+
+
+def _lookup(table: Any, key: str) -> Any:
+    """`table[key]` of an `estimate:` figure table (None when absent or null)."""
+    return table.get(key) if isinstance(table, dict) else None
+
+
+def _check(value: Any, section: str, key: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise ConfigError(section, f"{key}: expected a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
 
 def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
     """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
-    from model.guidance import guidance_branches  # noqa: PLC0415
-    from model.sampler import sampler_preset  # noqa: PLC0415
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
     from tasks.frames import ModelGeometry, read_frames  # noqa: PLC0415
-    from tasks.infinitetalk import decide_shot, region_config, resolve_options  # noqa: PLC0415
+    from tasks.infinitetalk import decide_shot, region_config  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
     from tasks.probe import probe  # noqa: PLC0415
     from tasks.shots import detect_shots  # noqa: PLC0415
 
-    overrides = cfg.backend.options if cfg.backend.name == "infinitetalk" else {}
-    opts = resolve_options(cfg, overrides, need_weights=False)
+    price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
     info = probe(source, frame_count=cfg.probe.frame_count)
     shots = detect_shots(info, cfg.shots)
     plans = plan_film(shots.shots, shots.fps, cfg.plan)
@@ -165,27 +260,6 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
     region = dataclasses.replace(region_config(cfg), max_samples=GATE_SAMPLES)
 
-    # the price of one full chunk for the chosen mode and precision
-    preset = sampler_preset("tiny" if opts.mode == "tiny" else opts.mode)
-    steps = opts.steps if opts.steps is not None else preset.sampling_steps
-    run_steps = (
-        steps
-        - dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength).start_step
-    )
-    branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
-    precision = "float32" if opts.mode == "tiny" else (opts.quant if opts.quant != "none" else opts.dtype)
-    if opts.mode != "tiny" and opts.fp8_compute:
-        precision = "fp8"  # fp8 GEMMs, from bf16 weights or the fp8 files
-    if opts.mode != "tiny" and opts.fp8_attention:
-        precision += "+fp8attn"
-    est, missing = cfg.estimate, []
-    fwd = _figure(
-        est.dit_forward_s.get(opts.mode, {}), precision, f"dit_forward_s.{opts.mode}.{precision}", missing
-    )
-    vae = _figure(est.vae_chunk_s, opts.mode, f"vae_chunk_s.{opts.mode}", missing)
-    load = _figure(est.load_s, opts.mode, f"load_s.{opts.mode}", missing)
-    per_chunk = run_steps * branches * (fwd or 0.0) + (vae or 0.0)
-
     out = []
     for shot, plan, (a, b) in zip(shots.shots, plans, bounds, strict=True):
         s0 = shot.start_frame
@@ -197,13 +271,13 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
         d = decide_shot(
             shot.index, samples[a:b], cfg.audio.sample_rate, shot.num_frames, frames_fn, cfg.gate, region
         )
-        gpu = shot_gpu_s(plan, per_chunk) if d.dub else 0.0
+        gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
         out.append(
             ShotEstimate(shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu)
         )
         log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
     return FilmEstimate(
-        source=str(source), frames=shots.frame_count, fps=str(shots.fps), mode=opts.mode, precision=precision,
-        steps=run_steps, branches=branches, dit_forward_s=fwd, vae_chunk_s=vae, load_s=load, shots=tuple(out),
-        missing=tuple(missing),
+        source=str(source), frames=shots.frame_count, fps=str(shots.fps), mode=price.mode,
+        precision=price.precision, steps=price.steps, branches=price.branches, dit_forward_s=price.dit_forward_s,
+        vae_chunk_s=price.vae_chunk_s, load_s=price.load_s, shots=tuple(out), missing=price.missing,
     )  # fmt: skip

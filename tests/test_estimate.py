@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from tasks.config import PlanConfig, load_config
-from tasks.estimate import estimate_film, latent_frames, shot_gpu_s
-from tasks.plan import plan_shot
+from flows.groups import GpuCost
+from tasks.config import REMOVED_KEYS, PipelineConfig, PlanConfig, load_config
+from tasks.errors import ConfigError
+from tasks.estimate import chunk_price, estimate_film, latent_frames, shot_gpu_s
+from tasks.plan import ShotPlan, plan_shot
 from tasks.shots import Shot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,3 +102,96 @@ def test_fp8_settings_price_chunks_with_their_own_figures(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["precision"] == "fp8+fp8attn"
     assert out["dit_forward_s"] == _FIGURES["infinitetalk-480"]["fp8+fp8attn"] < FWD_480
+
+
+FAST_480 = [
+    "infinitetalk.mode=infinitetalk-480", "infinitetalk.steps=4", "infinitetalk.text_guide_scale=1",
+    "infinitetalk.audio_guide_scale=1", "infinitetalk.fp8_compute=true", "infinitetalk.fp8_attention=true",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("settings", "precision"),
+    [
+        (["infinitetalk.mode=infinitetalk-480", "estimate.load_s.infinitetalk-480=75"], "bfloat16"),
+        (FAST_480, "fp8+fp8attn"),
+        ([], "float32"),  # tiny: nothing measured, group sizing uses the cost: stand-ins
+    ],
+    ids=["quality-480-bf16", "fast-480-fp8-fp8attn", "tiny-fallback"],
+)
+def test_group_sizing_prices_shots_like_dubflow_estimate(settings, precision):
+    """The film run's group sizing (`GpuCost`, on the flow's serialised plans) and `dubflow estimate` give
+    every shot the same GPU seconds; where a figure is not measured, sizing uses the `cost.fallback_*`
+    stand-in exactly as if it were that figure, while the estimate reports it missing."""
+    cfg = load_config(overrides=[*settings, "gate.policy=all"])
+    cost = GpuCost.from_config(cfg)
+    price = chunk_price(cfg)
+    assert price.precision == cost.price.precision == precision
+    assert [f.split(" -> ")[0] for f in cost.price.fallbacks] == list(price.missing)  # stand-ins, named
+    figured = cfg
+    if price.missing:  # price the estimate with the stand-ins written in as its figures
+        c = cfg.cost
+        stand_in = {"dit_forward_s": c.fallback_dit_forward_s, "vae_chunk_s": c.fallback_vae_chunk_s}
+        stand_in["load_s"] = c.fallback_load_s
+        written = [f"estimate.{name}={stand_in[name.split('.')[0]]}" for name in price.missing]
+        figured = load_config(overrides=[*settings, "gate.policy=all", *written])
+    est = estimate_film(FILM, DUB, figured)
+    assert est.missing == () and all(s.dub for s in est.shots)
+    assert (est.steps, est.branches, est.precision) == (cost.price.steps, cost.price.branches, precision)
+    assert cost.model_load_s == est.load_s
+    fps = Fraction(est.fps)
+    for s in est.shots:
+        plan = plan_shot(Shot(s.index, s.start_frame, s.end_frame), fps, cfg.plan)
+        flow_plan = ShotPlan.from_dict(json.loads(json.dumps(plan.to_dict())))  # as in the flow's records
+        assert s.gpu_s > 0 and cost.shot_s(flow_plan) == pytest.approx(s.gpu_s, rel=1e-12)
+
+
+def test_chunk_price_follows_the_run_settings():
+    """Steps run (denoise strength), guidance branches and the precision key come from infinitetalk:,
+    also through backend.options; a null figure is missing unless stand-ins are asked for."""
+    cfg = load_config(
+        overrides=[
+            "infinitetalk.mode=infinitetalk-720", "frames.bucket=720", "infinitetalk.quant=int8",
+            "backend.options={denoise_strength: 0.25, text_guide_scale: 1.0}",
+        ]
+    )  # fmt: skip
+    price = chunk_price(cfg)
+    assert (price.steps, price.branches, price.precision) == (10, 2, "int8")
+    assert price.missing == ("dit_forward_s.infinitetalk-720.int8", "load_s.infinitetalk-720")
+    assert price.chunk_s == price.vae_chunk_s == cfg.estimate.vae_chunk_s["infinitetalk-720"]
+    filled = chunk_price(cfg, fallbacks=True)
+    assert (
+        filled.dit_forward_s == cfg.cost.fallback_dit_forward_s and filled.load_s == cfg.cost.fallback_load_s
+    )
+    assert filled.chunk_s == pytest.approx(10 * 2 * cfg.cost.fallback_dit_forward_s + price.vae_chunk_s)
+    bad = load_config(overrides=["infinitetalk.mode=tiny", "estimate.vae_chunk_s.tiny=-1"])
+    with pytest.raises(ConfigError, match=r"^estimate: vae_chunk_s.tiny: expected a finite number"):
+        chunk_price(bad)
+
+
+@pytest.mark.parametrize(
+    "key", ["steps", "calls_per_step", "s_per_forward", "chunk_overhead_s", "model_load_s"]
+)
+def test_removed_cost_keys_name_their_new_place(key, tmp_path):
+    """A config that still sets a removed cost: key fails in one line that names it and its new place."""
+    user = tmp_path / "user.yaml"
+    user.write_text(f"cost:\n  {key}: 1\n")
+    old = load_config().to_dict()
+    old["cost"][key] = 1
+    messages = [
+        _message(lambda: load_config(user)),  # a user's YAML file
+        _message(lambda: load_config(overrides=[f"cost.{key}=1"])),  # --set
+        _message(lambda: load_config(updates={"cost": {key: 1}})),  # the flow's config parameter
+        _message(lambda: PipelineConfig.from_dict(old, source="old.json")),  # a whole saved config
+    ]
+    assert messages[0].startswith(f"{user}: unknown key cost.{key} (removed:")
+    assert messages[3].startswith(f"old.json: unknown key cost.{key} (removed:")
+    for text in messages:
+        assert f"unknown key cost.{key}" in text and REMOVED_KEYS[f"cost.{key}"] in text and "\n" not in text
+    assert REMOVED_KEYS["cost.s_per_forward"].startswith("estimate.dit_forward_s.<mode>.<precision>")
+
+
+def _message(call) -> str:
+    with pytest.raises(ConfigError) as err:
+        call()
+    return str(err.value)
