@@ -91,6 +91,7 @@ class GpuCost:
 
     @classmethod
     def from_config(cls, cfg: PipelineConfig, *, needs_gpu: bool = True) -> GpuCost:
+        """From a loaded config; ``needs_gpu=False`` (pass-through) skips the InfiniteTalk settings."""
         if not needs_gpu:
             return cls(None, cfg.cost.fallback_load_s, cfg.cost.max_load_share)
         price = chunk_price(cfg, fallbacks=True)
