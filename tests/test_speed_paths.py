@@ -17,6 +17,7 @@ from model.prefetch import Prefetcher, PrefetchError
 from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
 from model.teacache import TeaCache, TeaCacheConfig
 from model.tiny import random_dit_state
+from tests.dit_inputs import chunk_inputs
 from tests.parity.common import rel_err
 
 CFG = DIT_PRESETS["tiny"]
@@ -89,31 +90,12 @@ def test_regional_compile_one_graph_per_batch_class_and_no_recompiles():
     reset_compiled()
 
 
-def _chunk_inputs(speakers: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    frames, h, w = 2, 4, 4
-    f_pix = 1 + CFG.vae_scale * (frames - 1)
-    masks = torch.zeros(3, h, w)
-    masks[0, :, :2] = 1
-    masks[1, :, 2:] = 1
-    return {
-        "latent": torch.randn(1, 16, frames, h, w, generator=g),
-        "motion_latent": torch.randn(1, 16, 1, h, w, generator=g),
-        "context": torch.randn(1, 6, CFG.text_dim, generator=g),
-        "context_null": torch.randn(1, 4, CFG.text_dim, generator=g),
-        "clip_fea": torch.randn(1, CFG.clip_tokens, CFG.clip_dim, generator=g),
-        "y": torch.randn(1, 20, frames, h, w, generator=g),
-        "audio": torch.randn(speakers, f_pix, CFG.audio_window, 12, 768, generator=g),
-        "ref_target_masks": masks,
-    }
-
-
 @pytest.mark.parametrize(
     ("speakers", "text_scale", "apg"), [(1, 5.0, False), (2, 5.0, True), (2, 1.0, False)]
 )
 def test_batched_branches_match_sequential_calls(speakers, text_scale, apg):
     model = tiny_model()
-    inp = _chunk_inputs(speakers)
+    inp = chunk_inputs(CFG, speakers)
     steps = 3
     outs = {}
     for batched in (False, True):
@@ -143,7 +125,7 @@ def test_batched_branches_match_sequential_calls(speakers, text_scale, apg):
 
 def test_batched_branches_make_one_teacache_decision_per_step():
     model = tiny_model()
-    inp = _chunk_inputs(1)
+    inp = chunk_inputs(CFG, 1)
     steps = 8
     settings = SamplerSettings(sampling_steps=steps, batch_branches=True)
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=steps)

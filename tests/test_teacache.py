@@ -19,6 +19,7 @@ from model.dit import InfiniteTalkDiT
 from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
 from model.teacache import TeaCache, TeaCacheConfig
 from model.tiny import random_dit_state
+from tests.dit_inputs import chunk_inputs
 
 CFG = DIT_PRESETS["tiny"]
 PARITY_DIR = Path(os.environ.get("PARITY_DIR", Path(__file__).parent / "fixtures" / "parity")).resolve()
@@ -39,25 +40,6 @@ def plain_callable(model: InfiniteTalkDiT):
         return model(x, **kw)
 
     return call
-
-
-def chunk_inputs(seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    frames, h, w = 2, 4, 4
-    f_pix = 1 + CFG.vae_scale * (frames - 1)
-    masks = torch.zeros(3, h, w)
-    masks[0, :, :2] = 1
-    masks[1, :, 2:] = 1
-    return {
-        "latent": torch.randn(1, 16, frames, h, w, generator=g),
-        "motion_latent": torch.randn(1, 16, 1, h, w, generator=g),
-        "context": torch.randn(1, 6, CFG.text_dim, generator=g),
-        "context_null": torch.randn(1, 4, CFG.text_dim, generator=g),
-        "clip_fea": torch.randn(1, CFG.clip_tokens, CFG.clip_dim, generator=g),
-        "y": torch.randn(1, 20, frames, h, w, generator=g),
-        "audio": torch.randn(1, f_pix, CFG.audio_window, 12, 768, generator=g),
-        "ref_target_masks": masks,
-    }
 
 
 def run_chunk(velocity_model, settings: SamplerSettings, cache: TeaCache, inp: dict) -> torch.Tensor:
@@ -107,7 +89,7 @@ def test_prepared_decisions_equal_per_call_decisions(model, name):
         batch_branches=batched,
     )
     run_steps = steps - settings.start_step
-    inp = chunk_inputs()
+    inp = chunk_inputs(CFG)
     caches, outs = {}, {}
     for prepared in (True, False):
         cache = TeaCache(TeaCacheConfig(threshold=threshold, use_ret_steps=use_ret), sample_steps=run_steps)
@@ -138,7 +120,7 @@ def test_prepared_loop_makes_no_host_sync(model, monkeypatch):
         teacache_module, "relative_l1", lambda m, p: distance_calls.append(1) or relative_l1(m, p)
     )
     settings = SamplerSettings(sampling_steps=10)
-    inp = chunk_inputs(seed=1)
+    inp = chunk_inputs(CFG, seed=1)
 
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=10)
     run_chunk(model, settings, cache, inp)
@@ -271,7 +253,7 @@ def sp_setup(sp):
 def sp_chunk(dit, sp=None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A 10-step chunk with a prepared TeaCache -> (latent, computed flags, synced distances)."""
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=10)
-    out = run_chunk(dit, SamplerSettings(sampling_steps=10), cache, chunk_inputs(seed=2))
+    out = run_chunk(dit, SamplerSettings(sampling_steps=10), cache, chunk_inputs(CFG, seed=2))
     computed = torch.tensor([float(d.computed) for d in cache.decisions])
     return out, computed, sum(d.source == "synced" for d in cache.decisions)
 
