@@ -1,10 +1,12 @@
-"""Random inputs of one sampler chunk for the tiny DiT (shared by the sampler-path tests)."""
+"""Random inputs of one sampler chunk for the tiny DiT, and one `denoise_chunk` run over them (shared by
+the sampler-path and TeaCache tests)."""
 
 from __future__ import annotations
 
 import torch
 
 from model.config import DiTConfig
+from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
 
 
 def chunk_inputs(cfg: DiTConfig, speakers: int = 1, seed: int = 0) -> dict:
@@ -26,3 +28,25 @@ def chunk_inputs(cfg: DiTConfig, speakers: int = 1, seed: int = 0) -> dict:
         "audio": torch.randn(speakers, f_pix, cfg.audio_window, 12, 768, generator=g),
         "ref_target_masks": masks,
     }
+
+
+def run_chunk(model, settings: SamplerSettings, inp: dict, teacache=None) -> torch.Tensor:
+    """`denoise_chunk` over `chunk_inputs` with `settings`' own schedule and start step (no grad)."""
+    with torch.no_grad():
+        return denoise_chunk(
+            model,
+            inp["latent"],
+            inp["motion_latent"],
+            timestep_schedule(settings.sampling_steps, settings.shift),
+            start_step=settings.start_step,
+            context=inp["context"],
+            context_null=inp["context_null"],
+            clip_fea=inp["clip_fea"],
+            y=inp["y"],
+            audio=inp["audio"],
+            ref_target_masks=inp["ref_target_masks"],
+            settings=settings,
+            generator=torch.Generator().manual_seed(0),
+            draw_motion_noise=False,
+            teacache=teacache,
+        )

@@ -14,10 +14,10 @@ from model.compile import compile_blocks, compiled_graph_count, reset_compiled
 from model.config import DIT_PRESETS
 from model.dit import InfiniteTalkDiT
 from model.prefetch import Prefetcher, PrefetchError
-from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
+from model.sampler import SamplerSettings
 from model.teacache import TeaCache, TeaCacheConfig
 from model.tiny import random_dit_state
-from tests.dit_inputs import chunk_inputs
+from tests.dit_inputs import chunk_inputs, run_chunk
 from tests.parity.common import rel_err
 
 CFG = DIT_PRESETS["tiny"]
@@ -102,23 +102,7 @@ def test_batched_branches_match_sequential_calls(speakers, text_scale, apg):
         settings = SamplerSettings(
             sampling_steps=steps, text_guide_scale=text_scale, use_apg=apg, batch_branches=batched
         )
-        with torch.no_grad():
-            outs[batched] = denoise_chunk(
-                model,
-                inp["latent"],
-                inp["motion_latent"],
-                timestep_schedule(steps, settings.shift),
-                start_step=0,
-                context=inp["context"],
-                context_null=inp["context_null"],
-                clip_fea=inp["clip_fea"],
-                y=inp["y"],
-                audio=inp["audio"],
-                ref_target_masks=inp["ref_target_masks"],
-                settings=settings,
-                generator=torch.Generator().manual_seed(0),
-                draw_motion_noise=False,
-            )
+        outs[batched] = run_chunk(model, settings, inp)
     assert rel_err(outs[True], outs[False]) < 1e-5
     assert not torch.equal(outs[True], inp["latent"])
 
@@ -129,14 +113,7 @@ def test_batched_branches_make_one_teacache_decision_per_step():
     steps = 8
     settings = SamplerSettings(sampling_steps=steps, batch_branches=True)
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=steps)
-    with torch.no_grad():
-        denoise_chunk(
-            model, inp["latent"], inp["motion_latent"], timestep_schedule(steps, settings.shift),
-            start_step=0, context=inp["context"], context_null=inp["context_null"],
-            clip_fea=inp["clip_fea"], y=inp["y"], audio=inp["audio"],
-            ref_target_masks=inp["ref_target_masks"], settings=settings,
-            generator=torch.Generator().manual_seed(0), draw_motion_noise=False, teacache=cache,
-        )  # fmt: skip
+    run_chunk(model, settings, inp, teacache=cache)
     assert [d.branch for d in cache.decisions] == ["cond+drop_text+uncond"] * steps
     assert [d.computed for d in cache.decisions][:5] == [True] * 5
 

@@ -16,10 +16,10 @@ import torch.distributed as dist
 import model.teacache as teacache_module
 from model.config import DIT_PRESETS
 from model.dit import InfiniteTalkDiT
-from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
+from model.sampler import SamplerSettings, timestep_schedule
 from model.teacache import TeaCache, TeaCacheConfig
 from model.tiny import random_dit_state
-from tests.dit_inputs import chunk_inputs
+from tests.dit_inputs import chunk_inputs, run_chunk
 
 CFG = DIT_PRESETS["tiny"]
 PARITY_DIR = Path(os.environ.get("PARITY_DIR", Path(__file__).parent / "fixtures" / "parity")).resolve()
@@ -40,27 +40,6 @@ def plain_callable(model: InfiniteTalkDiT):
         return model(x, **kw)
 
     return call
-
-
-def run_chunk(velocity_model, settings: SamplerSettings, cache: TeaCache, inp: dict) -> torch.Tensor:
-    with torch.no_grad():
-        return denoise_chunk(
-            velocity_model,
-            inp["latent"],
-            inp["motion_latent"],
-            timestep_schedule(settings.sampling_steps, settings.shift),
-            start_step=settings.start_step,
-            context=inp["context"],
-            context_null=inp["context_null"],
-            clip_fea=inp["clip_fea"],
-            y=inp["y"],
-            audio=inp["audio"],
-            ref_target_masks=inp["ref_target_masks"],
-            settings=settings,
-            generator=torch.Generator().manual_seed(0),
-            draw_motion_noise=False,
-            teacache=cache,
-        )
 
 
 def flags(cache: TeaCache) -> list[tuple[str, bool, float]]:
@@ -93,7 +72,9 @@ def test_prepared_decisions_equal_per_call_decisions(model, name):
     caches, outs = {}, {}
     for prepared in (True, False):
         cache = TeaCache(TeaCacheConfig(threshold=threshold, use_ret_steps=use_ret), sample_steps=run_steps)
-        outs[prepared] = run_chunk(model if prepared else plain_callable(model), settings, cache, inp)
+        outs[prepared] = run_chunk(
+            model if prepared else plain_callable(model), settings, inp, teacache=cache
+        )
         caches[prepared] = cache
     assert flags(caches[True]) == flags(caches[False])
     assert torch.equal(outs[True], outs[False])
@@ -123,7 +104,7 @@ def test_prepared_loop_makes_no_host_sync(model, monkeypatch):
     inp = chunk_inputs(CFG, seed=1)
 
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=10)
-    run_chunk(model, settings, cache, inp)
+    run_chunk(model, settings, inp, teacache=cache)
     assert dict(counts) == {"tolist": 1}
     assert len(distance_calls) == 9  # all inside the preparation, none per call
     assert sum(not d.computed for d in cache.decisions) > 0
@@ -131,7 +112,7 @@ def test_prepared_loop_makes_no_host_sync(model, monkeypatch):
     # the per-call path (a model without timestep_modulation) syncs once per needed distance
     counts.clear()
     fallback = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=10)
-    run_chunk(plain_callable(model), settings, fallback, inp)
+    run_chunk(plain_callable(model), settings, inp, teacache=fallback)
     synced = sum(d.source == "synced" for d in fallback.decisions)
     assert synced == 3 * 5 and dict(counts) == {"item": synced}
 
@@ -253,7 +234,7 @@ def sp_setup(sp):
 def sp_chunk(dit, sp=None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A 10-step chunk with a prepared TeaCache -> (latent, computed flags, synced distances)."""
     cache = TeaCache(TeaCacheConfig(threshold=0.5), sample_steps=10)
-    out = run_chunk(dit, SamplerSettings(sampling_steps=10), cache, chunk_inputs(CFG, seed=2))
+    out = run_chunk(dit, SamplerSettings(sampling_steps=10), chunk_inputs(CFG, seed=2), teacache=cache)
     computed = torch.tensor([float(d.computed) for d in cache.decisions])
     return out, computed, sum(d.source == "synced" for d in cache.decisions)
 
