@@ -24,7 +24,7 @@ from model.offload import (
     resident_need,
     working_bytes_per_token,
 )
-from model.vae import TileSpec
+from model.tiling import TileSpec
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options

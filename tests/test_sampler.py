@@ -11,23 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from model.chunks import ChunkSpec, chunk_audio_indices, plan_chunks, plan_chunks_official
+from model.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
 from model.guidance import APGState, adaptive_projected_guidance, apg_combine
-from model.sampler import (
-    ChunkSpec,
-    Conditioning,
-    SamplerSettings,
-    StreamState,
-    add_noise,
-    branch_inputs,
-    chunk_audio_indices,
-    official_bbox_to_xyxy,
-    plan_chunks,
-    plan_chunks_official,
-    sampler_preset,
-    speaker_masks,
-    stream_generate,
-    timestep_schedule,
-)
+from model.sampler import SamplerSettings, add_noise, sampler_preset, timestep_schedule
+from model.stream import StreamState, stream_generate
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"
 H = W = 16  # pixels; latent 2x2
