@@ -22,7 +22,7 @@ would not cover it; skipped and failed sections are listed in the output):
              24 GiB cap (`torch.cuda.set_per_process_memory_fraction`)
   vae        Wan VAE encode / decode of 81 frames at 480P, fp32 and bf16 (`bench_vae.random_vae`)
   encoders   CLIP ViT-H/14 on one frame (per chunk) and umT5-XXL on 512 tokens (per shot)
-  chunk      whole chunks through `model.sampler.stream_generate` (fast mode: 4 steps, fp8, 1 call)
+  chunk      whole chunks through `model.stream.stream_generate` (fast mode: 4 steps, fp8, 1 call)
              with split DiT / VAE / encoders, CPU post-processing inline vs on a `Prefetcher`
              thread, and GPU idle %; quality mode (40 steps, 3 calls) composed from measured parts
 

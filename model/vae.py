@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.checkpoint import CheckpointError, read_torch_state, strict_assign
 from model.tiling import SPACE_STRIDE, TileSpec, tiled_apply
 
 log = logging.getLogger(__name__)
@@ -412,8 +413,6 @@ def load_vae(
     config: VAEConfig | None = None,
 ) -> WanVAE:
     """Load `Wan2.1_VAE.pth` (or a tiny one) strictly into a meta-built model; returns the scaled wrapper."""
-    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
-
     pth = Path(pth)
     state = read_torch_state(pth)
     try:

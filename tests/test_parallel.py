@@ -46,7 +46,7 @@ FORWARD_CASES = {
 
 def load_parts(device: torch.device | str = "cpu"):
     """The tiny parity DiT (float32) and VAE."""
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
 
     weights = PARITY / "dit" / "weights"

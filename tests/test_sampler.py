@@ -24,7 +24,7 @@ H = W = 16  # pixels; latent 2x2
 @pytest.fixture(scope="module")
 def parts():
     """The real tiny DiT, VAE and colour correction from the parity fixtures."""
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
     from tasks.color import match_and_blend
 
@@ -324,7 +324,7 @@ def test_denoise_strength_starts_at_its_timestep(parts) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) -> None:
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
     from tasks.color import match_and_blend
 
