@@ -128,7 +128,7 @@ def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _key_problems(expected: Iterable[str], got: Iterable[str], name: Callable[[str], str]) -> list[str]:
-    """ "N missing key(s): ..." / "N unexpected key(s): ..." (keys as `name` spells them), if any."""
+    """The missing-key and unexpected-key problems (keys as `name` spells them); empty when they match."""
     expected_set, got_set = set(expected), set(got)
     missing = sorted({name(k) for k in expected_set - got_set})
     unexpected = sorted({name(k) for k in got_set - expected_set})
@@ -165,14 +165,16 @@ def strict_assign(
     weights) stay shared; a tensor left on the meta device afterwards is an error.
     """
     name = file_name or str
+    origins = origins or {}
     expected = model.state_dict()
-    problems = _key_problems(expected, state, name)
-    problems += [
-        f"{origins[k] + ': ' if origins and k in origins else ''}{name(k)} has shape {tuple(v.shape)}, "
-        f"model expects {tuple(expected[k].shape)}"
-        for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
-    ][:SHAPE_PROBLEM_LIMIT]
+    shapes = []
+    for k, v in state.items():
+        if k in expected and v.shape != expected[k].shape and len(shapes) < SHAPE_PROBLEM_LIMIT:
+            where = f"{origins[k]}: " if k in origins else ""  # the file, when the tensors came from several
+            shapes.append(
+                f"{where}{name(k)} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
+            )
+    problems = _key_problems(expected, state, name) + shapes
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
     converted: dict[int, torch.Tensor] = {}
