@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from flows.dub_film import NON_SHOT_CONFIG
+from flows.film_tasks import NON_SHOT_CONFIG
 from flows.workspace import config_hash
 from model.config import DIT_PRESETS
 from model.offload import (
