@@ -13,9 +13,10 @@ The flows only orchestrate: the film-level tasks are in `flows/film_tasks.py`, t
 `flows/report.py`, the workspace and its markers in `flows/workspace.py`, UI artifacts in
 `flows/progress.py`, media work in `tasks/`. This module keeps the two flows (the deployments'
 entrypoints), the `run_group` task that starts a `dub-group` child run, and the film sequence
-(`run_pipeline`). Resume is file based and Prefect based at once: each shot's `done.json` in the run
-workspace (keyed by film + dub track + config + code version) and a Prefect cache record keyed by the
-same workspace + shot + shot plan, never by a run id. A group whose shots are all done starts no child
+(`run_pipeline`). Resume is file based and Prefect based at once: each shot's `done.json` in its result
+folder of the run workspace (`shots/<index>-<shot key>/`, the key made of the shot's own inputs:
+`tasks/shot_key.py`) and a Prefect cache record keyed by the same workspace + shot + shot key, never by a
+run id. A group whose shots are all done starts no child
 run; a re-run or a UI Retry of a failed group redoes only its failed shots, and a shot resumes at its
 last finished chunk.
 
@@ -47,8 +48,10 @@ from flows.film_tasks import (
     assemble_film,
     check_final_mix,
     default_output,
+    dialogue_wav,
     film_tag,
     find_shots,
+    key_shots,
     load_dialogue,
     open_film_workspace,
     plan_shots,
@@ -57,7 +60,7 @@ from flows.film_tasks import (
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
 from flows.progress import artifact_key, publish_shot_table, publish_summary
-from flows.report import group_report, publish_groups, shot_records, shot_rows, shot_timings
+from flows.report import group_report, publish_groups, reused_shots, shot_records, shot_rows, shot_timings
 from flows.runners import InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot
@@ -94,7 +97,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     get_run_logger().info("%d shot(s) on %s", len(shots), where)
 
     def run_shot(shot: dict[str, Any]) -> BaseException | None:
-        done = shot_done(workspace, shot["index"], shot["plan_hash"])
+        done = shot_done(workspace, shot["index"], shot["key"])
         state = dub_shot.with_options(refresh_cache=not done)(ws, film, shot, backends, return_state=True)
         if state.is_completed():
             return None
@@ -112,8 +115,8 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
 
 def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     ws = Workspace.from_dict(parameters["ws"])
-    plans = stable_hash([s["plan_hash"] for s in parameters["shots"]])
-    return f"dubflow-{ws.key}-{ws.incarnation}-group-{plans}"
+    keys = stable_hash([s["key"] for s in parameters["shots"]])
+    return f"dubflow-{ws.key}-{ws.incarnation}-group-{keys}"
 
 
 @task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True)
@@ -126,7 +129,7 @@ def run_group(
     "local": the `dub-group` flow as an in-process subflow.
     """
     workspace = Workspace.from_dict(ws)
-    if all(shot_done(workspace, s["index"], s["plan_hash"]) for s in shots):
+    if all(shot_done(workspace, s["index"], s["key"]) for s in shots):
         return group_report(workspace, shots)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     if fanout == "deployments":
@@ -146,9 +149,10 @@ def run_group(
     report = group_report(workspace, shots)
     if not ok or report["failed"]:
         for index in report["failed"]:  # never attempted in this child (e.g. it crashed): say so
-            record = read_shot_failed(workspace, index)
+            key = next(s["key"] for s in shots if s["index"] == index)
+            record = read_shot_failed(workspace, index, key)
             if record is None or str(record.get("failed", "")) < started:
-                mark_shot_failed(workspace, index, f"{name}: {outcome}")
+                mark_shot_failed(workspace, index, key, f"{name}: {outcome}")
         raise RuntimeError(f"{name}: {outcome}; shots not done: {report['failed']}")
     return report
 
@@ -176,19 +180,19 @@ def run_pipeline(
         )
     name, tag = Path(source).name, film_tag(source)
     video = runner.call(probe_source, source, cfgd, name=name)
-    ws = Workspace.from_dict(
-        runner.call(open_film_workspace, source, audio, cfgd, cfg.workspace.root, name=name)
-    )
+    ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root, name=name))
     shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
     n, fps = shots["frame_count"], shots["fps"]
     if n != video["frame_count"]:
         video = {**video, "frame_count": n}
     track = DialogueTrack.from_dict(
-        runner.call(load_dialogue, audio, n, fps, cfgd, str(ws.path / "dialogue.wav"), name=Path(audio).name)
+        runner.call(load_dialogue, audio, n, fps, cfgd, dialogue_wav(ws, audio), name=Path(audio).name)
     )
     mix_action = runner.call(check_final_mix, mix, n, fps, cfgd, name=Path(mix).name) if mix else None
     plans = runner.call(plan_shots, shots, cfgd, name=name)
-    records = shot_records(shots, plans, track)
+    records = runner.call(
+        key_shots, source, shot_records(shots, plans, track), track.to_dict(), cfgd, name=name
+    )
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
     needs_gpu = cfg.backend.name != "passthrough"
@@ -208,12 +212,16 @@ def run_pipeline(
         runner.fanout, 100 * min(shares), 100 * max(shares),
     )  # fmt: skip
     table_key = artifact_key(tag, "shots")
-    runner.publish(publish_shot_table, table_key, shot_rows(ws, records, cfg.backend.name), "shot plan")
+    reused = reused_shots(shot_rows(ws, records, cfg.backend.name))
+    logger.info("%d of %d shot(s) reused (same shot keys as an earlier run)", len(reused), len(records))
+    runner.publish(
+        publish_shot_table, table_key, shot_rows(ws, records, cfg.backend.name, reused), "shot plan"
+    )
     t_prepared = time.monotonic()
 
     states = runner.run_groups(ws, film, records, groups)
     t_rendered = time.monotonic()
-    rows = shot_rows(ws, records, cfg.backend.name)
+    rows = shot_rows(ws, records, cfg.backend.name, reused)
     runner.publish(publish_shot_table, table_key, rows, "shot states")
     runner.publish(publish_groups, tag, ws, groups, records, states, cost.model_load_s if needs_gpu else 0.0)
     failed = [r for r in rows if r["status"] not in ("done", "copied")]
@@ -227,7 +235,7 @@ def run_pipeline(
     audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
     paths = [r["output"] for r in rows]
     final = runner.call(assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name)
-    per_stage = shot_timings(rows, ws)
+    per_stage = shot_timings(rows, ws, records)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
     t_end = time.monotonic()
@@ -240,6 +248,7 @@ def run_pipeline(
     }
     notes = [
         f"{len(records)} shots in {len(groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
+        f"{len(reused)} shot(s) reused from earlier runs, {len(records) - len(reused)} rendered",
         f"model-load share per group (plan): {100 * min(shares):.1f}-{100 * max(shares):.1f} %",
     ]
     if not needs_gpu:

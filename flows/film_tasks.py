@@ -1,6 +1,6 @@
 """The film-level tasks of `dub-film`: probe, workspace, shot detection, dialogue, final-mix check, chunk
-plans and the final assembly, plus the small helpers that name a film's output, workspace root and
-artifact tag, and `NON_SHOT_CONFIG` (the config left out of the workspace key).
+plans, shot keys and the final assembly, plus the small helpers that name a film's output, workspace root
+and artifact tag.
 
 Each task is one step over `tasks/` (media work) or `flows/workspace.py` (markers); nothing per shot or
 per group lives here (that is `flows/shot_task.py` and `flows/runners.py`), and no flow.
@@ -27,20 +27,14 @@ from flows.workspace import (
     stable_hash,
 )
 from tasks.assemble import AudioSource, assemble
-from tasks.audio import check_mix, prepare_dialogue
+from tasks.audio import DialogueTrack, check_mix, prepare_dialogue
 from tasks.config import PipelineConfig, load_config
 from tasks.plan import plan_film
 from tasks.probe import VideoInfo, probe
+from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
-
-# Config sections that never change a shot's pixels: outside the workspace key, so changing them resumes
-# (sequence parallelism and block offload give bit-identical outputs; profiling only adds device syncs)
-NON_SHOT_CONFIG = (
-    "encode", "workspace", "cost", "estimate", "debug", "infinitetalk.gpus_per_shot", "infinitetalk.profile",
-    "infinitetalk.offload",
-)  # fmt: skip
 
 
 def default_output(source: str) -> str:
@@ -81,22 +75,27 @@ def probe_source(source: str, config: dict[str, Any], name: str = "") -> dict[st
 
 
 @task(task_run_name="workspace {name}")
-def open_film_workspace(
-    source: str, audio: str, config: dict[str, Any], root: str, name: str = ""
-) -> dict[str, str]:
-    """Create or reopen the run workspace of film + dub track + shot config + code version."""
-    ws = open_workspace(root, source, config, inputs=[audio], exclude=NON_SHOT_CONFIG)
+def open_film_workspace(source: str, config: dict[str, Any], root: str, name: str = "") -> dict[str, str]:
+    """Create or reopen the film's run workspace (one per film and pass: quality or preview)."""
+    cfg = PipelineConfig.from_dict(config)
+    ws = open_workspace(root, source, {"pass": "preview" if cfg.workspace.preview else "quality"})
     run_logger(log).info("workspace %s", ws.path)
     return ws.as_dict()
 
 
+def dialogue_wav(ws: Workspace, audio: str) -> str:
+    """Where the decoded dub track lives in the workspace (one file per dub file's fingerprint)."""
+    return str(ws.path / f"dialogue-{film_fingerprint(audio)[:16]}.wav")
+
+
 @task(task_run_name="shots {name}")
 def find_shots(video: dict[str, Any], config: dict[str, Any], ws: dict[str, str], name: str = "") -> dict:
-    """Frame-exact shot partition of the whole film; kept in the workspace, so a re-run skips detection."""
-    saved = Workspace.from_dict(ws).path / "shots.json"
+    """Frame-exact shot partition of the whole film; kept in the workspace per detection config, so a
+    re-run skips detection."""
+    cfg = PipelineConfig.from_dict(config)
+    saved = Workspace.from_dict(ws).path / f"shots-{stable_hash([cfg.probe, cfg.shots], length=12)}.json"
     if saved.exists():
         return read_json(saved)
-    cfg = PipelineConfig.from_dict(config)
     shots = detect_shots(VideoInfo.from_dict(video), cfg.shots)
     run_logger(log).info("%d shot(s): cuts at %s", len(shots.shots), [s.start_frame for s in shots.shots[1:]])
     atomic_write_json(saved, shots.to_dict())
@@ -128,6 +127,32 @@ def plan_shots(shots: dict[str, Any], config: dict[str, Any], name: str = "") ->
     cfg = PipelineConfig.from_dict(config)
     sl = ShotList.from_dict(shots)
     return [p.to_dict() for p in plan_film(sl.shots, sl.fps, cfg.plan)]
+
+
+@task(task_run_name="keys {name}")
+def key_shots(
+    source: str,
+    records: list[dict[str, Any]],
+    dialogue: dict[str, Any],
+    config: dict[str, Any],
+    name: str = "",
+) -> list[dict[str, Any]]:
+    """The records with each shot's result key (`tasks.shot_key`: its frames, conditioning audio,
+    effective settings, weights, render version)."""
+    cfg = PipelineConfig.from_dict(config)
+    fingerprint, track = film_fingerprint(source), DialogueTrack.from_dict(dialogue)
+    out = []
+    for record in records:
+        inputs = shot_inputs(
+            film_fingerprint=fingerprint,
+            plan=record["plan"],
+            audio_range=tuple(record["audio_range"]),
+            track=track,
+            config=shot_config(config, record.get("overrides")),
+            context_s=cfg.workspace.audio_context_s,
+        )
+        out.append({**record, "key": inputs.key()})
+    return out
 
 
 @task(task_run_name="assemble {name}")

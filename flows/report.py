@@ -1,6 +1,6 @@
 """What a film run reports from its workspace markers: the per-shot records the run plans with, the shot
-table rows (done / copied / failed / planned, and why), each group's done/failed shots and workers, the
-groups table artifact and the summed per-stage shot timings.
+table rows (done / copied / failed / planned, and why; which results were reused from earlier runs), each
+group's done/failed shots and workers, the groups table artifact and the summed per-stage shot timings.
 
 Reads markers only (never writes them) and runs nothing: the tasks, runners and flows that produce the
 markers live in `flows/shot_task.py`, `flows/runners.py` and `flows/dub_film.py`.
@@ -14,14 +14,14 @@ from typing import Any
 
 from flows.groups import Group
 from flows.progress import artifact_key
-from flows.workspace import Workspace, read_shot_done, read_shot_failed, stable_hash
+from flows.workspace import Workspace, read_shot_done, read_shot_failed
 from tasks.audio import DialogueTrack, slice_bounds
 
 
 def shot_records(
     shots: dict[str, Any], plans: list[dict[str, Any]], track: DialogueTrack
 ) -> list[dict[str, Any]]:
-    """Small serialisable per-shot records: span, plan, audio samples, and the hash that keys resume."""
+    """Small serialisable per-shot records: span, plan, audio samples (`key_shots` adds the result key)."""
     edges = [s["start_frame"] for s in shots["shots"]] + [shots["frame_count"]]
     bounds = slice_bounds(edges, Fraction(shots["fps"]), track.sample_rate, track.n_samples)
     records = []
@@ -35,18 +35,24 @@ def shot_records(
             "plan": plan,
             "audio_range": [a, b],
         }
-        record["plan_hash"] = stable_hash({"plan": plan, "audio_range": [a, b]})
         records.append(record)
     return records
 
 
-def shot_rows(ws: Workspace, shots: list[dict[str, Any]], backend: str) -> list[dict[str, Any]]:
-    """Shot table rows (status done / copied / failed / planned, and why) from the workspace markers."""
+def shot_rows(
+    ws: Workspace, shots: list[dict[str, Any]], backend: str, reused: set[int] | None = None
+) -> list[dict[str, Any]]:
+    """Shot table rows (status done / copied / failed / planned, and why) from the workspace markers.
+
+    `reused`: the shots whose result was complete before this run (`reused_shots`), marked in the rows.
+    """
     rows = []
     for shot in shots:
         row = {k: shot[k] for k in ("index", "start_s", "end_s", "frames", "chunks")}
-        done = read_shot_done(ws, shot["index"])
-        if done is not None and done.get("plan_hash") == shot["plan_hash"]:
+        if reused is not None:
+            row["reused"] = shot["index"] in reused
+        done = read_shot_done(ws, shot["index"], shot["key"])
+        if done is not None:
             result = done.get("result", {})
             status = "done" if result.get("dubbed", True) else "copied"
             row |= {
@@ -56,18 +62,25 @@ def shot_rows(ws: Workspace, shots: list[dict[str, Any]], backend: str) -> list[
             }
             row["output"] = done["output"]
         else:
-            failed = read_shot_failed(ws, shot["index"])
+            failed = read_shot_failed(ws, shot["index"], shot["key"])
             status = "failed" if failed else "planned"
             row |= {"backend": backend, "status": status, "reason": failed and failed.get("reason")}
         rows.append(row)
     return rows
 
 
-def shot_timings(rows: list[dict[str, Any]], ws: Workspace) -> dict[str, float]:
-    """Sum of the shots' renderer timings per stage (seconds)."""
+def reused_shots(rows: list[dict[str, Any]]) -> set[int]:
+    """Shots whose result is already complete (rows made before rendering): this run reuses them."""
+    return {r["index"] for r in rows if r["status"] in ("done", "copied")}
+
+
+def shot_timings(rows: list[dict[str, Any]], ws: Workspace, shots: list[dict[str, Any]]) -> dict[str, float]:
+    """Sum of the renderer timings per stage (seconds) of the shots this run rendered (not reused)."""
     total: dict[str, float] = {}
-    for row in rows:
-        done = read_shot_done(ws, row["index"]) or {}
+    for row, shot in zip(rows, shots, strict=True):
+        if row.get("reused"):
+            continue
+        done = read_shot_done(ws, row["index"], shot["key"]) or {}
         for stage, seconds in (done.get("result", {}).get("timings_s") or {}).items():
             if isinstance(seconds, int | float):
                 total[f"shots: {stage}"] = total.get(f"shots: {stage}", 0.0) + float(seconds)
@@ -78,12 +91,12 @@ def group_report(ws: Workspace, shots: Sequence[dict[str, Any]]) -> dict[str, An
     """Done/failed shots of a group and where they were rendered (from the workspace markers)."""
     done, failed, workers = [], [], set()
     for shot in shots:
-        record = read_shot_done(ws, shot["index"])
-        if record is not None and record.get("plan_hash") == shot["plan_hash"]:
+        record = read_shot_done(ws, shot["index"], shot["key"])
+        if record is not None:
             done.append(shot["index"])
         else:
             failed.append(shot["index"])
-            record = read_shot_failed(ws, shot["index"])
+            record = read_shot_failed(ws, shot["index"], shot["key"])
         if record is not None and record.get("worker"):
             workers.add(f"{record['worker']}@{record.get('host', '?')}:{record.get('device', '?')}")
     return {"done": done, "failed": failed, "workers": sorted(workers)}

@@ -35,7 +35,7 @@ def render_group(ws: Workspace, shots: Sequence[dict[str, Any]], run_shot: ShotR
     for shot in shots:
         error = run_shot(shot)
         if error is not None:
-            mark_shot_failed(ws, shot["index"], failure_reason(error), where_am_i())
+            mark_shot_failed(ws, shot["index"], shot["key"], failure_reason(error), where_am_i())
             failed.append(shot["index"])
     return failed
 
@@ -108,7 +108,7 @@ class PrefectRunner:
         states, futures = {}, {}
         for group in groups:
             members = [shots[i] for i in group.shots]
-            all_done = all(shot_done(ws, s["index"], s["plan_hash"]) for s in members)
+            all_done = all(shot_done(ws, s["index"], s["key"]) for s in members)
             wrapper = self.group_task.with_options(refresh_cache=not all_done)
             args = (ws.as_dict(), film, members, group.name, self.fanout)
             if self.fanout == "deployments":

@@ -1,4 +1,4 @@
-"""The per-shot unit: the `dub_shot` task (cached on workspace + shot + shot plan, named after the shot's
+"""The per-shot unit: the `dub_shot` task (cached on workspace + shot + shot key, named after the shot's
 span), `render_one_shot` behind it (done/attempt markers around one `render_shot_result` call), the
 group's lazily built backend (`BackendSlot`), fault injection for tests (`debug.fail_shots`) and the
 shot's QC artifact.
@@ -26,6 +26,7 @@ from tasks.backend import Backend, get_backend
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
 from tasks.render import ShotJob, render_shot_result
+from tasks.shot_key import shot_config
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,11 @@ def shot_result(raw: str | dict[str, Any], shot: dict[str, Any], backend: str, s
     return {**base, "path": str(raw)}
 
 
-def _fault(ws: Workspace, index: int, debug: DebugConfig) -> Callable[[float], None] | None:
+def _fault(shot_dir: Path, index: int, debug: DebugConfig) -> Callable[[float], None] | None:
     """`debug.fail_shots`: raise once half of the shot's chunks are checkpointed (optionally only once)."""
     if index not in debug.fail_shots:
         return None
-    marker = ws.shot_dir(index) / "injected-fault"
+    marker = shot_dir / "injected-fault"
     if debug.fail_once and marker.exists():
         return None
 
@@ -111,21 +112,22 @@ def render_one_shot(
 
     Writes `done.json` last, and one line per attempt to `attempts.jsonl`.
     """
-    index = shot["index"]
-    done = read_shot_done(ws, index)
-    if done is not None and done.get("plan_hash") == shot["plan_hash"]:
+    index, key = shot["index"], shot["key"]
+    done = read_shot_done(ws, index, key)
+    if done is not None:
         return done["result"]
-    cfg = PipelineConfig.from_dict(film["config"])
+    config = shot_config(film["config"], shot.get("overrides"))  # the global config + the shot's own
+    cfg = PipelineConfig.from_dict(config)
     job = ShotJob(
         film["video"],
         shot["plan"],
         film["dialogue"],
         tuple(shot["audio_range"]),
-        str(ws.shot_dir(index) / "shot.mkv"),
-        film["config"],
+        str(ws.shot_dir(index, key) / "shot.mkv"),
+        config,
         work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
     )
-    hooks = [h for h in (on_progress, _fault(ws, index, cfg.debug)) if h is not None]
+    hooks = [h for h in (on_progress, _fault(ws.shot_dir(index, key), index, cfg.debug)) if h is not None]
 
     def report(fraction: float) -> None:
         for hook in hooks:
@@ -136,23 +138,29 @@ def render_one_shot(
     try:
         raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get())
     except Exception as exc:
-        log_attempt(ws, {"shot": index, "status": "failed", "reason": failure_reason(exc), **where,
+        log_attempt(ws, {"shot": index, "key": key, "status": "failed", "reason": failure_reason(exc), **where,
                          "seconds": round(time.monotonic() - t0, 3)})  # fmt: skip
         raise
     seconds = time.monotonic() - t0
     result = shot_result(raw, shot, cfg.backend.name, seconds)
-    mark_shot_done(
-        ws, index, {"plan_hash": shot["plan_hash"], "output": result["path"], "result": result, **where}
-    )
+    mark_shot_done(ws, index, key, {"output": result["path"], "result": result, **where})
     log_attempt(
-        ws, {"shot": index, "status": "done", **where, "pid": os.getpid(), "seconds": round(seconds, 3)}
+        ws,
+        {
+            "shot": index,
+            "key": key,
+            "status": "done",
+            **where,
+            "pid": os.getpid(),
+            "seconds": round(seconds, 3),
+        },
     )
     return result
 
 
 def _shot_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     shot = parameters["shot"]
-    return Workspace.from_dict(parameters["ws"]).shot_cache_key(shot["index"], shot["plan_hash"])
+    return Workspace.from_dict(parameters["ws"]).shot_cache_key(shot["index"], shot["key"])
 
 
 def _shot_task_name() -> str:
@@ -185,8 +193,8 @@ def dub_shot(
 ) -> dict[str, Any]:
     """One shot, all its chunks, into the workspace (resuming at its last finished chunk); its ShotResult.
 
-    Cached on workspace + shot index + shot plan hash: a later film run, a UI retry or another host
-    gets the result without rendering again.
+    Cached on workspace + shot index + shot key: a later film run, a UI retry or another host gets the
+    result without rendering again.
     """
     workspace = Workspace.from_dict(ws)
     plan = shot["plan"]

@@ -1,29 +1,30 @@
-"""Run workspace: where a film's per-shot intermediates live, so that a re-run resumes instead of redoing.
+"""Run workspace: where a film's per-shot results live, so that a re-run reuses instead of redoing.
 
-A workspace is keyed by what determines the result:
-
-* the film's content fingerprint: size, mtime (ns) and a SHA-256 of its first and last MiB. Films are
-  tens of GB, so the whole file is not hashed; replacing, re-encoding, truncating or touching the file
-  changes the key (an in-place edit of the middle that keeps size and mtime would not: accepted);
-  other inputs the shots depend on (the dubbed dialogue track) are fingerprinted the same way;
-* a hash of the pipeline config (canonical JSON of its semantic fields);
-* the code version: the ``dubflow`` package version plus a hash of the Python code that makes shots
-  (``flows/``, ``tasks/``, ``model/``), so commits touching only docs, tests or benchmarks keep
-  workspaces valid (``DUBFLOW_CODE_VERSION`` pins it instead, e.g. a release name on a cluster).
+A workspace is run-level: keyed by the film's content fingerprint (size, mtime (ns) and a SHA-256 of its
+first and last MiB; films are tens of GB, so the whole file is not hashed; replacing, re-encoding,
+truncating or touching the file changes the key, an in-place edit of the middle that keeps size and mtime
+would not: accepted), the run's kind (quality or preview pass) and the layout version `STORE_LAYOUT`.
+Neither the dub track, nor the shot settings, nor the code are in it: each shot's result is stored under
+its own key (`tasks/shot_key.py`: its frames, its conditioning audio, its effective settings, the weights,
+`RENDER_VERSION`), so a changed line of dialogue, one shot's override or an upgrade re-renders only the
+shots whose own inputs changed.
 
 Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
 
     workspace.json          what the key was made of, plus a random incarnation id (see below)
     attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
-    shots/0042/             one folder per shot (4-digit index)
+    shots-<hash>.json       the shot partition, per shot-detection config
+    dialogue-<fp>.wav       the decoded dub track, per dub file
+    film/                   per-film caches (prompt embeddings, audio features: keyed inside)
+    shots/0042-<shot key>/  one folder per shot result (4-digit index + its key): content-addressed
         <intermediate>      the shot's rendered file, written through ``atomic_path``
-        chunks/             per-chunk checkpoints (resume inside a long shot)
-        done.json           written atomically and LAST: the shot is complete iff this exists
+        shot.chunks/        per-chunk checkpoints (resume inside a long shot)
+        done.json           written atomically and LAST: the result is complete iff this exists
         failed.json         the last failure's reason (removed when the shot completes)
 
 Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_cache_key`` (workspace
-key + incarnation + shot index + shot plan hash; never the flow run id). ``done.json`` is the second:
-a shot task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
+key + incarnation + shot index + shot key; never the flow run id). ``done.json`` is the second: a shot
+task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
 folder is recreated, so wiping a workspace also invalidates cache records that point into it.
 No Prefect imports here: paths and files only.
 """
@@ -42,7 +43,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from enum import Enum
 from fractions import Fraction
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,7 @@ MANIFEST = "workspace.json"
 DONE = "done.json"
 FAILED = "failed.json"
 ATTEMPTS = "attempts.jsonl"
-_PROJECT_DIR = Path(__file__).resolve().parent.parent
-CODE_PACKAGES = ("flows", "tasks", "model")  # the code a shot's pixels depend on (see code_version)
+STORE_LAYOUT = "shot-store-1"  # the workspace layout version (part of the workspace key)
 
 
 class WorkspaceError(RuntimeError):
@@ -71,21 +70,19 @@ class Workspace:
     def path(self) -> Path:
         return Path(self.root) / self.key
 
-    def shot_dir(self, index: int) -> Path:
-        return self.path / "shots" / f"{index:04d}"
+    def shot_dir(self, index: int, key: str) -> Path:
+        """The folder of shot ``index``'s result under its shot key (content-addressed)."""
+        return self.path / "shots" / f"{index:04d}-{key}"
 
-    def chunk_dir(self, index: int) -> Path:
-        return self.shot_dir(index) / "chunks"
+    def done_path(self, index: int, key: str) -> Path:
+        return self.shot_dir(index, key) / DONE
 
-    def done_path(self, index: int) -> Path:
-        return self.shot_dir(index) / DONE
+    def failed_path(self, index: int, key: str) -> Path:
+        return self.shot_dir(index, key) / FAILED
 
-    def failed_path(self, index: int) -> Path:
-        return self.shot_dir(index) / FAILED
-
-    def shot_cache_key(self, index: int, plan_hash: str) -> str:
-        """Prefect cache key of one shot: stable across parent runs, retries and hosts."""
-        return f"dubflow-{self.key}-{self.incarnation}-shot-{index:04d}-{plan_hash}"
+    def shot_cache_key(self, index: int, key: str) -> str:
+        """Prefect cache key of one shot result: stable across parent runs, retries and hosts."""
+        return f"dubflow-{self.key}-{self.incarnation}-shot-{index:04d}-{key}"
 
     def as_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -144,40 +141,8 @@ def config_hash(config: Any, *, exclude: Iterable[str] = ()) -> str:
     return stable_hash(data)
 
 
-def code_version(project_dir: str | os.PathLike[str] | None = None) -> str:
-    """``<package version>+code.<hash of flows/ tasks/ model/ *.py>``, or just the version without them.
-
-    ``DUBFLOW_CODE_VERSION`` pins it. The hash covers file paths and contents, not git metadata: any
-    commit changed ``git describe`` (and with it every workspace key), even one touching only docs.
-    """
-    pinned = os.environ.get("DUBFLOW_CODE_VERSION", "").strip()
-    if pinned:
-        return pinned
-    try:
-        version = metadata.version("dubflow")
-    except metadata.PackageNotFoundError:
-        version = "0+unknown"
-    root = Path(project_dir or _PROJECT_DIR)
-    files = sorted(
-        path
-        for package in CODE_PACKAGES
-        for path in (root / package).rglob("*.py")
-        if "__pycache__" not in path.parts
-    )
-    if not files:
-        return version
-    digest = hashlib.sha256()
-    for path in files:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise WorkspaceError(f"{path}: cannot read for the code version ({exc.strerror or exc})") from exc
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + data + b"\0")
-    return f"{version}+code.{digest.hexdigest()[:12]}"
-
-
 def workspace_key(film: str | os.PathLike[str], fingerprint: str, config_digest: str, version: str) -> str:
-    """``<film stem slug>-<16 hex>``: readable in a listing, unique per (film content, config, code)."""
+    """``<film stem slug>-<16 hex>``: readable in a listing, unique per (film content, config, version)."""
     stem = re.sub(r"[^a-z0-9]+", "-", Path(film).stem.lower()).strip("-")[:40] or "film"
     return f"{stem}-{stable_hash([fingerprint, config_digest, version])}"
 
@@ -189,15 +154,14 @@ def open_workspace(
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
     exclude: Iterable[str] = (),
-    version: str | None = None,
+    version: str = STORE_LAYOUT,
 ) -> Workspace:
-    """Create (or reopen) the workspace of ``film`` + ``config`` + code version under ``root``.
+    """Create (or reopen) the workspace of ``film`` + ``config`` + ``version`` under ``root``.
 
-    ``inputs`` are other files the shots depend on (the dubbed dialogue track): their fingerprints
-    join the film's. Safe when several runs open the same workspace at once: the first manifest
-    written wins and the others read its incarnation id.
+    ``inputs`` are other files everything in it depends on: their fingerprints join the film's. Safe
+    when several runs open the same workspace at once: the first manifest written wins and the others
+    read its incarnation id.
     """
-    version = code_version() if version is None else version
     digest = config_hash(config, exclude=exclude)
     fingerprint = film_fingerprint(film)
     extra = {str(Path(p).resolve()): film_fingerprint(p) for p in inputs}
@@ -212,7 +176,7 @@ def open_workspace(
         "fingerprint": fingerprint,
         "inputs": extra,
         "config_hash": digest,
-        "code_version": version,
+        "version": version,
         "incarnation": uuid.uuid4().hex[:12],
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -226,43 +190,43 @@ def open_workspace(
 # ------------------------------------------------------------------------------- shot markers
 
 
-def shot_done(ws: Workspace, index: int, plan_hash: str | None = None) -> bool:
-    """Whether shot ``index`` is complete (and, if given, was made from the plan ``plan_hash``)."""
-    record = read_shot_done(ws, index)
-    if record is None:
-        return False
-    return plan_hash is None or record.get("plan_hash") == plan_hash
+def shot_done(ws: Workspace, index: int, key: str) -> bool:
+    """Whether the result of shot ``index`` under shot key ``key`` is complete."""
+    return ws.done_path(index, key).exists()
 
 
-def read_shot_done(ws: Workspace, index: int) -> dict[str, Any] | None:
-    """The shot's ``done.json`` record, or None when the shot is not complete."""
-    path = ws.done_path(index)
+def read_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
+    """The result's ``done.json`` record, or None when it is not complete."""
+    path = ws.done_path(index, key)
     return read_json(path) if path.exists() else None
 
 
-def mark_shot_done(ws: Workspace, index: int, record: Mapping[str, Any]) -> Path:
+def mark_shot_done(ws: Workspace, index: int, key: str, record: Mapping[str, Any]) -> Path:
     """Write ``done.json`` (atomically, last) and clear any previous failure record."""
-    body = {"index": index, "finished": datetime.now(UTC).isoformat(timespec="seconds"), **record}
-    path = atomic_write_json(ws.done_path(index), body)
-    ws.failed_path(index).unlink(missing_ok=True)
+    body = {"index": index, "key": key, "finished": datetime.now(UTC).isoformat(timespec="seconds"), **record}
+    path = atomic_write_json(ws.done_path(index, key), body)
+    ws.failed_path(index, key).unlink(missing_ok=True)
     return path
 
 
-def mark_shot_failed(ws: Workspace, index: int, reason: str, record: Mapping[str, Any] | None = None) -> Path:
+def mark_shot_failed(
+    ws: Workspace, index: int, key: str, reason: str, record: Mapping[str, Any] | None = None
+) -> Path:
     """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where)."""
     body = {
         "index": index,
+        "key": key,
         "failed": datetime.now(UTC).isoformat(timespec="seconds"),
         **(record or {}),
         "reason": reason,
     }
-    return atomic_write_json(ws.failed_path(index), body)
+    return atomic_write_json(ws.failed_path(index, key), body)
 
 
-def read_shot_failed(ws: Workspace, index: int) -> dict[str, Any] | None:
-    """The shot's ``failed.json`` record while it is not done, else None."""
-    path = ws.failed_path(index)
-    if not path.exists() or shot_done(ws, index):
+def read_shot_failed(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
+    """The result's ``failed.json`` record while it is not done, else None."""
+    path = ws.failed_path(index, key)
+    if not path.exists() or shot_done(ws, index, key):
         return None
     return read_json(path)
 
@@ -292,14 +256,6 @@ def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
         raise WorkspaceError(f"{path}: cannot read attempt records ({exc})") from exc
-
-
-def read_shot_failure(ws: Workspace, index: int) -> str | None:
-    """The last recorded failure reason of shot ``index``, if it is not done."""
-    path = ws.failed_path(index)
-    if not path.exists() or shot_done(ws, index):
-        return None
-    return str(read_json(path).get("reason", "unknown"))
 
 
 # ------------------------------------------------------------------------------ atomic writes

@@ -87,6 +87,8 @@ class BackendConfig:
 class WorkspaceConfig:
     root: str
     keep: bool
+    audio_context_s: float | None  # dub audio around a shot that is part of its result key (None: all)
+    preview: bool  # a preview pass (`--preview`): its own workspace, labelled in the output and QC
 
 
 @dataclass(frozen=True)

@@ -47,5 +47,5 @@ def dub_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     not move a film to a new workspace between two of its runs.
     """
     base = tmp_path_factory.mktemp("stack")
-    with running_stack(base, n_gpu_workers=2, env={"DUBFLOW_CODE_VERSION": "e2e"}) as stack:
+    with running_stack(base, n_gpu_workers=2) as stack:
         yield stack

@@ -220,7 +220,8 @@ def test_two_gpu_workers_dub_groups_concurrently_with_one_model_load_each(dub_st
     ]
 
     # Every shot dubbed by the tiny InfiniteTalk model (not copied, not skipped).
-    done = {s: read_shot_done(ws, s)["result"] for s in range(4)}
+    key_of = {a["shot"]: a["key"] for a in attempts}
+    done = {s: read_shot_done(ws, s, key_of[s])["result"] for s in range(4)}
     assert all(r["dubbed"] and r["backend"] == "infinitetalk" and r["tiny"] for r in done.values()), done
 
     # One model load per group process: one pid per group, and within it only the first shot spends

@@ -147,12 +147,6 @@ def _task_runs(flow_run_ids: list) -> list:
         return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids)))
 
 
-@pytest.fixture(autouse=True)
-def _pinned_code_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Other work landing in model/ or tasks/ between two runs of a test must not change the workspace key."""
-    monkeypatch.setenv("DUBFLOW_CODE_VERSION", "test-local-flow")
-
-
 @pytest.mark.usefixtures("prefect_harness")
 def test_dub_film_flow_on_the_sample_film(tmp_path: Path):
     from flows.dub_film import dub_film
@@ -239,15 +233,15 @@ def test_dub_film_flow_fails_naming_the_shot_then_resumes_only_it(tmp_path: Path
         state.result()
     (ws_dir,) = ws_root.iterdir()  # the other shots finished and are kept for a re-run
     ws = _ws(ws_dir)
-    assert sorted(p.parent.name for p in ws_dir.glob("shots/*/shot.mkv")) == ["0000", "0002"]
+    assert sorted(p.parent.name[:4] for p in ws_dir.glob("shots/*/shot.mkv")) == ["0000", "0002"]
     assert sorted((a["shot"], a["status"]) for a in read_attempts(ws)) == [
         (0, "done"),
         (1, "failed"),
         (2, "done"),
     ]
-    assert list(ws.shot_dir(1).glob("shot.chunks/chunk_*.done"))  # checkpoints of its first half
+    assert list(ws_dir.glob("shots/0001-*/shot.chunks/chunk_*.done"))  # checkpoints of its first half
 
-    # the fault is not part of the workspace key: the re-run resumes and renders shot 1 only
+    # the fault is not part of the shot keys: the re-run resumes and renders shot 1 only
     state = dub_film(str(clip), str(dub), str(out), config=config, return_state=True)
     assert state.is_completed(), state.message
     assert [(a["shot"], a["status"]) for a in read_attempts(ws)][3:] == [(1, "done")]

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from flows.film_tasks import NON_SHOT_CONFIG
-from flows.workspace import config_hash
 from model.config import DIT_PRESETS
 from model.offload import (
     OTHER_MODELS_BYTES,
@@ -29,6 +27,7 @@ from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
 from tasks.render import render_shot_result
+from tasks.shot_key import shot_settings
 from tests.media import decode_all
 from tests.test_infinitetalk import _job, resident, ws_root  # noqa: F401 (fixtures)
 
@@ -115,18 +114,18 @@ def test_offload_setting_forced_and_never_on_cpu():
     assert OTHER_MODELS_BYTES < 3 * GIB
 
 
-def test_config_keys_validated_and_offload_outside_the_workspace_key():
+def test_config_keys_validated_and_offload_outside_the_shot_key():
     base = load_config()
     assert base.infinitetalk.offload == "auto" and base.infinitetalk.vae_tiling == "auto"
     with pytest.raises(ConfigError, match="infinitetalk.offload"):
         load_config(overrides=["infinitetalk.offload=maybe"])
     with pytest.raises(ConfigError, match="vae_tile_px"):
         resolve_options(load_config(overrides=["infinitetalk.vae_tile_px=48"]))
-    digest = config_hash(base.to_dict(), exclude=NON_SHOT_CONFIG)
+    settings = shot_settings(base.to_dict(), 0)
     on = load_config(overrides=["infinitetalk.offload=true"])
-    assert config_hash(on.to_dict(), exclude=NON_SHOT_CONFIG) == digest  # same pixels: same workspace
+    assert shot_settings(on.to_dict(), 0) == settings  # same pixels: same shot keys
     tiled = load_config(overrides=["infinitetalk.vae_tiling=true"])
-    assert config_hash(tiled.to_dict(), exclude=NON_SHOT_CONFIG) != digest  # tiles change pixels
+    assert shot_settings(tiled.to_dict(), 0) != settings  # tiles change pixels
 
 
 def test_vae_tiling_rule():

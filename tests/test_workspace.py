@@ -9,7 +9,6 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from importlib import metadata
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -22,14 +21,13 @@ from flows.workspace import (
     atomic_path,
     atomic_write_bytes,
     atomic_write_json,
-    code_version,
     config_hash,
     film_fingerprint,
     mark_shot_done,
     mark_shot_failed,
     open_workspace,
     read_shot_done,
-    read_shot_failure,
+    read_shot_failed,
     shot_done,
 )
 
@@ -116,30 +114,6 @@ def test_config_hash_is_canonical_and_honours_exclude():
         config_hash([1, 2])
 
 
-def test_code_version_hashes_the_shot_code_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("DUBFLOW_CODE_VERSION", raising=False)
-    version = metadata.version("dubflow")
-    assert code_version(tmp_path) == version  # no flows/ tasks/ model/ code here
-    for package in ("flows", "tasks", "model"):
-        (tmp_path / package / "sub").mkdir(parents=True)
-        (tmp_path / package / "sub" / "m.py").write_text(f"X = '{package}'\n")
-    first = code_version(tmp_path)
-    assert first.startswith(f"{version}+code.") and first != version
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "notes.py").write_text("changed = True\n")  # not shot code
-    (tmp_path / "tasks" / "sub" / "data.yaml").write_text("a: 1\n")  # not Python
-    (tmp_path / "tasks" / "sub" / "__pycache__").mkdir()
-    (tmp_path / "tasks" / "sub" / "__pycache__" / "m.py").write_text("bytecode = 1\n")
-    assert code_version(tmp_path) == first
-    (tmp_path / "model" / "sub" / "m.py").write_text("X = 'changed'\n")
-    changed = code_version(tmp_path)
-    assert changed != first
-    (tmp_path / "model" / "sub" / "m.py").rename(tmp_path / "model" / "sub" / "n.py")  # paths count too
-    assert code_version(tmp_path) not in (first, changed)
-    monkeypatch.setenv("DUBFLOW_CODE_VERSION", "release-7")
-    assert code_version(tmp_path) == "release-7"
-
-
 def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
     root = tmp_path / "ws"
     ws = open_workspace(root, film, CONFIG, version="1.0+abc")
@@ -147,12 +121,11 @@ def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
     assert ws.path == root.resolve() / ws.key
     manifest = json.loads((ws.path / "workspace.json").read_text())
     assert manifest["film"] == str(film.resolve())
-    assert manifest["code_version"] == "1.0+abc"
+    assert manifest["version"] == "1.0+abc"
     assert manifest["fingerprint"] == film_fingerprint(film)
     assert manifest["incarnation"] == ws.incarnation
-    assert ws.shot_dir(42) == ws.path / "shots" / "0042"
-    assert ws.chunk_dir(42) == ws.path / "shots" / "0042" / "chunks"
-    assert ws.done_path(42) == ws.path / "shots" / "0042" / "done.json"
+    assert ws.shot_dir(42, "k1") == ws.path / "shots" / "0042-k1"  # content-addressed: index + shot key
+    assert ws.done_path(42, "k1") == ws.path / "shots" / "0042-k1" / "done.json"
 
     assert open_workspace(root, film, CONFIG, version="1.0+abc") == ws  # reopen: same incarnation too
     assert open_workspace(root, film, {**CONFIG, "out": "x"}, exclude=["out"], version="1.0+abc") == ws
@@ -194,16 +167,17 @@ def test_concurrent_opens_agree_and_a_wiped_workspace_gets_new_cache_keys(tmp_pa
 
 def test_shot_markers(tmp_path: Path, film: Path):
     ws = open_workspace(tmp_path, film, CONFIG, version="v")
-    assert not shot_done(ws, 3) and read_shot_done(ws, 3) is None and read_shot_failure(ws, 3) is None
-    mark_shot_failed(ws, 3, "CUDA out of memory")
-    assert read_shot_failure(ws, 3) == "CUDA out of memory"
-    assert not shot_done(ws, 3)
-    mark_shot_done(ws, 3, {"plan_hash": "p1", "output": "shot.mkv"})
-    assert shot_done(ws, 3) and shot_done(ws, 3, "p1") and not shot_done(ws, 3, "p2")
-    assert read_shot_done(ws, 3)["output"] == "shot.mkv"
-    assert read_shot_failure(ws, 3) is None and not ws.failed_path(3).exists()
-    assert not shot_done(ws, 4)
-    assert sorted(p.name for p in ws.shot_dir(3).iterdir()) == ["done.json"]  # no temp files left
+    assert not shot_done(ws, 3, "k1") and read_shot_done(ws, 3, "k1") is None
+    assert read_shot_failed(ws, 3, "k1") is None
+    mark_shot_failed(ws, 3, "k1", "CUDA out of memory")
+    assert read_shot_failed(ws, 3, "k1")["reason"] == "CUDA out of memory"
+    assert not shot_done(ws, 3, "k1")
+    mark_shot_done(ws, 3, "k1", {"output": "shot.mkv"})
+    assert shot_done(ws, 3, "k1") and not shot_done(ws, 3, "k2")  # another key: another result
+    assert read_shot_done(ws, 3, "k1")["output"] == "shot.mkv"
+    assert read_shot_failed(ws, 3, "k1") is None and not ws.failed_path(3, "k1").exists()
+    assert not shot_done(ws, 4, "k1")
+    assert sorted(p.name for p in ws.shot_dir(3, "k1").iterdir()) == ["done.json"]  # no temp files left
 
 
 def test_atomic_path_replaces_on_success_and_keeps_old_file_on_error(tmp_path: Path):
