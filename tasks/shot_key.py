@@ -162,7 +162,8 @@ def conditioning_span(
         return 0, track.n_samples
     fps = Fraction(plan["fps"])
     start_s = plan["start_frame"] / fps
-    model_end = plan["chunks"][-1]["model_end"] if plan["chunks"] else 0
+    last = plan["chunks"][-1] if plan["chunks"] else {"model_start": 0, "num_frames": 0}
+    model_end = last["model_start"] + last["num_frames"]
     end_s = start_s + Fraction(model_end, plan["model_fps"])
     reach = LOCAL_REACH_S + context_s
     a = math.floor((start_s - Fraction(reach)) * track.sample_rate)
