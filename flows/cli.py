@@ -1,8 +1,10 @@
 """`dubflow` command line.
 
     dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--config FILE] [--backend NAME] [--set k=v ...]
+                [--plan PLAN.yaml] [--preview]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
+    dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/plan_file.py)
     dubflow estimate SOURCE --audio DUB [--config FILE] [--set ...] [--json]  # shots to dub, GPU time
     dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q]
 
@@ -15,6 +17,7 @@ and exit with status 1 (no traceback; `--debug` shows it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -51,15 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     dub.add_argument(
         "--no-prefect", action="store_true", help="run the steps without Prefect (no server, no UI)"
     )
+    dub.add_argument("--plan", metavar="PLAN", help="an edited shot plan (dubflow plan --out) to apply")
+    dub.add_argument(
+        "--preview", action="store_true", help="fast preview pass (configs/preview.yaml), own workspace"
+    )
     _add_config_args(dub)
 
     shots = sub.add_parser("shots", help="print the shot partition as JSON")
     shots.add_argument("source")
     _add_config_args(shots)
 
-    plan = sub.add_parser("plan", help="print the per-shot chunk plan as JSON")
+    plan = sub.add_parser(
+        "plan", help="print the per-shot chunk plan as JSON, or write the editable shot plan"
+    )
     plan.add_argument("source")
     plan.add_argument("--audio", required=True, metavar="DUB")
+    plan.add_argument(
+        "--out", metavar="PLAN", help="write the editable shot plan YAML here (decisions, override fields)"
+    )
     _add_config_args(plan)
 
     estimate = sub.add_parser(
@@ -86,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
     from tasks.config import load_config
 
-    return load_config(args.config, [*args.overrides, *(extra or [])])
+    return load_config(
+        args.config, [*args.overrides, *(extra or [])], preview=bool(getattr(args, "preview", False))
+    )
 
 
 def cmd_shots(args: argparse.Namespace) -> int:
@@ -107,6 +121,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tasks.shots import detect_shots
 
     cfg = _config(args)
+    if args.out:
+        return _write_plan_file(args, cfg)
     info = probe(args.source, frame_count=cfg.probe.frame_count)
     shots = detect_shots(info, cfg.shots)
     samples = decode_audio(args.audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
@@ -133,6 +149,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_plan_file(args: argparse.Namespace, cfg: Any) -> int:
+    """`dubflow plan --out`: the gate's decision (with the render's face sampling) per shot, as YAML."""
+    from fractions import Fraction
+
+    from tasks.estimate import estimate_film
+    from tasks.plan_file import plan_document, write_plan
+
+    est = estimate_film(args.source, args.audio, cfg, gate_samples=None)
+    seed = int({**cfg.to_dict()["infinitetalk"], **cfg.backend.options}.get("seed", cfg.infinitetalk.seed))
+    shots = [
+        {**dataclasses.asdict(s), "seed": seed + s.index, "region": s.region if s.dub else None}
+        for s in est.shots
+    ]
+    doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
+    print(write_plan(args.out, doc))
+    return 0
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from tasks.estimate import estimate_film
 
@@ -153,17 +187,21 @@ def cmd_dub(args: argparse.Namespace) -> int:
     for p in (args.audio, args.mix):
         if p:
             read_header(p)
+    if args.plan:
+        from tasks.plan_file import read_plan
+
+        read_plan(args.plan)  # a malformed plan fails here; shot indices and spans are checked by the run
     if args.no_prefect:
         from flows.dub_film import dub_film_inline
 
-        out = dub_film_inline(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+        out = dub_film_inline(args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan)
     else:
         if not os.environ.get("PREFECT_API_URL"):
             # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
             os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
         from flows.dub_film import dub_film
 
-        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict(), plan=args.plan)
     print(out)
     return 0
 

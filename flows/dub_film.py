@@ -45,6 +45,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.film_tasks import (
+    apply_plan_file,
     assemble_film,
     check_final_mix,
     default_output,
@@ -161,9 +162,15 @@ def run_group(
 
 
 def run_pipeline(
-    source: str, audio: str, out: str | None, mix: str | None, config: dict[str, Any], runner: Any
+    source: str,
+    audio: str,
+    out: str | None,
+    mix: str | None,
+    config: dict[str, Any],
+    runner: Any,
+    plan: str | None = None,
 ) -> str:
-    """The dub-film sequence (no media math here: every step is a task)."""
+    """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file."""
     t0 = time.monotonic()
     logger = run_logger(log)
     cfg = PipelineConfig.from_dict(config)
@@ -190,9 +197,10 @@ def run_pipeline(
     )
     mix_action = runner.call(check_final_mix, mix, n, fps, cfgd, name=Path(mix).name) if mix else None
     plans = runner.call(plan_shots, shots, cfgd, name=name)
-    records = runner.call(
-        key_shots, source, shot_records(shots, plans, track), track.to_dict(), cfgd, name=name
-    )
+    records = shot_records(shots, plans, track)
+    if plan:
+        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name)
+    records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name)
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
     needs_gpu = cfg.backend.name != "passthrough"
@@ -253,8 +261,10 @@ def run_pipeline(
     ]
     if not needs_gpu:
         notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
+    if cfg.workspace.preview:
+        notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
     runner.publish(
-        publish_summary, artifact_key(tag, "summary"), title=f"{name} dubbed", output=final,
+        publish_summary, artifact_key(tag, "summary"), title=f"{name} dubbed{' (PREVIEW)' if cfg.workspace.preview else ''}", output=final,
         timings=timings, notes=notes,
     )  # fmt: skip
     logger.info("%s -> %s in %.1f s", source, final, t_end - t0)
@@ -276,19 +286,23 @@ def dub_film(
     mix: str | None = None,
     config: dict[str, Any] | None = None,
     fanout: Fanout = "auto",
+    plan: str | None = None,
+    preview: bool = False,
 ) -> str:
     """Dub `source` with the dialogue track `audio` (and optional final `mix`) into `out`.
 
     `config` is a (partial) nested config dict applied over `configs/default.yaml`; `out` defaults to
-    `out/<stem>.dubbed.mp4`. `fanout`: see the module docstring. The thread pool bounds the groups in
+    `out/<stem>.dubbed.mp4`. `fanout`: see the module docstring. `plan`: an edited shot plan file
+    (`dubflow plan --out`) whose per-shot overrides apply. `preview`: the fast preview pass
+    (`configs/preview.yaml` over `config`, its own workspace). The thread pool bounds the groups in
     flight at once in deployments mode (64 GPUs).
     """
-    cfg = load_config(updates=config or {})
+    cfg = load_config(updates=config or {}, preview=preview)
     if fanout == "auto":
         fanout = "deployments" if deployment.id else "local"
     if fanout not in ("local", "deployments"):
         raise ConfigError("fanout", f"unknown fan-out {fanout!r} (auto, local or deployments)")
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), PrefectRunner(fanout, run_group))
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), PrefectRunner(fanout, run_group), plan)
 
 
 def dub_film_inline(
@@ -297,7 +311,9 @@ def dub_film_inline(
     out: str | None = None,
     mix: str | None = None,
     config: dict[str, Any] | None = None,
+    plan: str | None = None,
+    preview: bool = False,
 ) -> str:
     """The same pipeline without Prefect (plain calls, same tasks, same workspace and resume)."""
-    cfg = load_config(updates=config or {})
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner())
+    cfg = load_config(updates=config or {}, preview=preview)
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), plan)

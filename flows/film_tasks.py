@@ -30,7 +30,9 @@ from tasks.assemble import AudioSource, assemble
 from tasks.audio import DialogueTrack, check_mix, prepare_dialogue
 from tasks.config import PipelineConfig, load_config
 from tasks.plan import plan_film
+from tasks.plan_file import plan_overrides
 from tasks.probe import VideoInfo, probe
+from tasks.render import PREVIEW_LABEL
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
 
@@ -129,6 +131,17 @@ def plan_shots(shots: dict[str, Any], config: dict[str, Any], name: str = "") ->
     return [p.to_dict() for p in plan_film(sl.shots, sl.fps, cfg.plan)]
 
 
+@task(task_run_name="plan file {name}")
+def apply_plan_file(path: str, records: list[dict[str, Any]], config: dict[str, Any], name: str = "") -> list:
+    """The records with each shot's overrides from the editable shot plan at `path` (`tasks.plan_file`)."""
+    spans = [
+        {"index": r["index"], **{k: r["plan"][k] for k in ("start_frame", "end_frame")}} for r in records
+    ]
+    overrides = plan_overrides(path, config, spans)
+    run_logger(log).info("%s: overrides for shot(s) %s", path, sorted(overrides) or "none")
+    return [{**r, "overrides": overrides[r["index"]]} if r["index"] in overrides else r for r in records]
+
+
 @task(task_run_name="keys {name}")
 def key_shots(
     source: str,
@@ -178,6 +191,7 @@ def assemble_film(
             "audio": film_fingerprint(audio_path),
             "pad": pad_audio,
             "encode": cfg.encode,
+            "preview": cfg.workspace.preview,
             "out": str(Path(out).resolve()),
         }
     )
@@ -199,6 +213,7 @@ def assemble_film(
         cfg.encode,
         audio=AudioSource(audio_path, pad_audio),
         workdir=workdir,
+        metadata={"comment": f"dubflow {PREVIEW_LABEL}"} if cfg.workspace.preview else None,
     )
     st = Path(final).stat()
     atomic_write_json(

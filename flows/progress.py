@@ -32,7 +32,7 @@ from prefect.artifacts import (
 
 log = logging.getLogger(__name__)
 
-SHOT_TABLE_COLUMNS = ("shot", "start", "end", "frames", "chunks", "backend", "status", "reason")
+SHOT_TABLE_COLUMNS = ("shot", "start", "end", "frames", "chunks", "backend", "status", "reused", "reason")
 
 
 def artifact_key(*parts: str | int) -> str:
@@ -89,7 +89,7 @@ class ShotProgress:
 
 def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
-    ``frames``, ``chunks``, ``backend``, ``status``, ``reason``."""
+    ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``reason``."""
     rows = []
     for shot in shots:
         rows.append(
@@ -101,6 +101,7 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "chunks": shot.get("chunks", ""),
                 "backend": shot.get("backend", ""),
                 "status": shot.get("status", "pending"),
+                "reused": "yes" if shot.get("reused") else "",
                 "reason": shot.get("reason") or "",
             }
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,9 +64,15 @@ def _ffconcat(paths: list[str]) -> str:
 
 
 def build_encode_args(
-    info: VideoInfo, listing: Path, audio: AudioSource | None, cfg: EncodeConfig, out_tmp: Path, muxer: str
+    info: VideoInfo,
+    listing: Path,
+    audio: AudioSource | None,
+    cfg: EncodeConfig,
+    out_tmp: Path,
+    muxer: str,
+    metadata: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The ffmpeg argument list of the final encode (pure)."""
+    """The ffmpeg argument list of the final encode (pure); `metadata`: container tags to write."""
     fps = info.fps
     dur = info.video_duration_s
     args = ["-v", "error", "-y"]
@@ -109,6 +116,8 @@ def build_encode_args(
                 args += [f"-c:a:{i}", "copy", f"-disposition:a:{i}", "0"]
     elif cfg.keep_source_audio and info.audio:
         args += ["-c:a", "copy"]
+    for key, value in (metadata or {}).items():
+        args += ["-metadata", f"{key}={value}"]
     if muxer in ("mp4", "mov"):
         args += ["-movflags", "+faststart"]
     return [*args, "-f", muxer, str(out_tmp)]
@@ -122,8 +131,10 @@ def assemble(
     *,
     audio: AudioSource | None,
     workdir: str | Path,
+    metadata: Mapping[str, str] | None = None,
 ) -> str:
-    """Encode the film from its shot intermediates and mux `audio`; return the output path.
+    """Encode the film from its shot intermediates and mux `audio` (and container tags `metadata`);
+    return the output path.
 
     The output is verified (frame count, frame rate) before it is moved into place.
     """
@@ -139,7 +150,7 @@ def assemble(
     tmp = atomic_temp(o)
     try:
         _, err = ffmpeg.run(
-            build_encode_args(info, listing, audio, cfg, tmp, muxer), path=o, what="final encode"
+            build_encode_args(info, listing, audio, cfg, tmp, muxer, metadata), path=o, what="final encode"
         )
         if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
             raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")

@@ -23,6 +23,7 @@ import yaml
 from tasks.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+PREVIEW_PRESET = DEFAULT_CONFIG.with_name("preview.yaml")  # the --preview pass, over the run's config
 
 
 @dataclass(frozen=True)
@@ -385,13 +386,17 @@ def load_config(
     *,
     updates: dict[str, Any] | None = None,
     defaults: str | Path = DEFAULT_CONFIG,
+    preview: bool = False,
 ) -> PipelineConfig:
-    """Defaults, then `config_file`, then `updates` (a nested dict), then `--set` strings."""
+    """Defaults, then `config_file`, then `updates` (a nested dict), then with `preview` the preview
+    preset (`configs/preview.yaml`), then `--set` strings."""
     data = _read_yaml(Path(defaults))
     if config_file is not None:
         _merge(data, _read_yaml(Path(config_file)), str(config_file))
     if updates:
         _merge(data, copy.deepcopy(updates), "config")
+    if preview:
+        _merge(data, _read_yaml(PREVIEW_PRESET), str(PREVIEW_PRESET))
     free = _free_form_keys(PipelineConfig)
     for text in overrides:
         parts, value = parse_override(text)

@@ -47,6 +47,7 @@ class ShotEstimate:
     reason: str
     chunks: int
     gpu_s: float
+    region: tuple[int, int, int, int] | None = None  # the crop box (source pixels) when a face was planned
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,13 @@ def _check(value: Any, section: str, key: str) -> float:
     return float(value)
 
 
-def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
-    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
+def estimate_film(
+    source: str | Path, audio: str | Path, cfg: PipelineConfig, *, gate_samples: int | None = GATE_SAMPLES
+) -> FilmEstimate:
+    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`.
+
+    `gate_samples`: frames decoded per shot for the face check (None: as many as the render's gate).
+    """
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
     from tasks.frames import ModelGeometry, read_frames  # noqa: PLC0415
     from tasks.infinitetalk import decide_shot, region_config  # noqa: PLC0415
@@ -258,7 +264,9 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
     edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
     bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
-    region = dataclasses.replace(region_config(cfg), max_samples=GATE_SAMPLES)
+    region = region_config(cfg)
+    if gate_samples is not None:
+        region = dataclasses.replace(region, max_samples=gate_samples)
 
     out = []
     for shot, plan, (a, b) in zip(shots.shots, plans, bounds, strict=True):
@@ -272,8 +280,18 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
             shot.index, samples[a:b], cfg.audio.sample_rate, shot.num_frames, frames_fn, cfg.gate, region
         )
         gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
+        box = (d.details.get("region") or {}).get("box")
         out.append(
-            ShotEstimate(shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu)
+            ShotEstimate(
+                shot.index,
+                shot.start_frame,
+                shot.end_frame,
+                d.dub,
+                d.reason,
+                len(plan.chunks),
+                gpu,
+                tuple(box) if box else None,
+            )  # fmt: skip
         )
         log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
     return FilmEstimate(

@@ -33,6 +33,7 @@ class QcConfig:
     sheet_cols: int = 3
     thumb_height: int = 160  # contact sheet cell height
     label: bool = True  # frame indices on the contact sheet
+    title: str | None = None  # a banner on every preview frame and on the sheet (e.g. "PREVIEW PASS")
 
     def __post_init__(self) -> None:
         if self.height < 16 or self.thumb_height < 16:
@@ -263,15 +264,19 @@ def write_qc(
     with Mp4Writer(out / f"{stem}_preview.mp4", cfg.fps, cfg.crf, audio) as writer:
         pairs = zip(_frames(source_frames), _frames(dubbed_frames), strict=True)
         for t, (src, dub) in enumerate(pairs):
-            writer.write(side_by_side(src, dub, cfg.height))
+            frame = side_by_side(src, dub, cfg.height)
+            if cfg.title:
+                _put_label(frame, cfg.title)
+            writer.write(frame)
             if t in wanted:
                 picked.append((t, fit_height(src, cfg.thumb_height), fit_height(dub, cfg.thumb_height)))
         if writer.frames != total:
             raise ValueError(f"expected {total} frame pairs for {stem}, got {writer.frames}")
         preview = writer.close()
-    sheet = write_png(
-        contact_sheet(picked, cfg.sheet_cols, cfg.thumb_height, cfg.label), out / f"{stem}_sheet.png"
-    )
+    grid = contact_sheet(picked, cfg.sheet_cols, cfg.thumb_height, cfg.label)
+    if cfg.title:
+        _put_label(grid, cfg.title)
+    sheet = write_png(grid, out / f"{stem}_sheet.png")
     log.debug("QC for %s: %s, %s (%d frames)", stem, preview, sheet, total)
     return QcResult(preview=preview, contact_sheet=sheet, frames=total)
 
@@ -287,7 +292,10 @@ def write_preview(
     cfg = cfg or QcConfig()
     with Mp4Writer(out_path, cfg.fps, cfg.crf, audio) as writer:
         for src, dub in zip(_frames(source_frames), _frames(dubbed_frames), strict=True):
-            writer.write(side_by_side(src, dub, cfg.height))
+            frame = side_by_side(src, dub, cfg.height)
+            if cfg.title:
+                _put_label(frame, cfg.title)
+            writer.write(frame)
         return writer.close()
 
 

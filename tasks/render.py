@@ -43,6 +43,8 @@ from tasks.probe import VideoInfo, probe
 
 log = logging.getLogger(__name__)
 
+PREVIEW_LABEL = "PREVIEW PASS - NOT THE FINAL DUB"  # QC banner and output metadata of a preview run
+
 
 @dataclass(frozen=True)
 class ShotJob:
@@ -179,8 +181,10 @@ def write_shot_qc(
     shot_audio: np.ndarray,
     sample_rate: int,
     height: int,
+    title: str | None = None,
 ) -> dict[str, str]:
-    """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot."""
+    """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
+    (`title`: a banner on both, e.g. for a preview pass)."""
     import soundfile as sf  # noqa: PLC0415
 
     from tasks.qc import QcConfig, write_qc  # noqa: PLC0415 (cv2 only when QC is written)
@@ -195,7 +199,7 @@ def write_shot_qc(
             iter_frames(dubbed, 0, plan.num_frames),
             qc_dir,
             stem,
-            QcConfig(height=height, fps=float(info.fps)),
+            QcConfig(height=height, fps=float(info.fps), title=title),
             num_frames=plan.num_frames,
             audio=wav,
         )
@@ -367,8 +371,9 @@ def render_shot_result(
     shutil.rmtree(seg_dir, ignore_errors=True)
     if dubbed and cfg.qc.enabled:
         with timer("qc"):
+            title = PREVIEW_LABEL if cfg.workspace.preview else None
             result["qc"] = write_shot_qc(
-                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height
+                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height, title
             )
     timer.totals["total"] = time.perf_counter() - t_start
     result["timings_s"] = timer.rounded()

@@ -58,7 +58,13 @@ def test_shot_settings_keep_only_what_changes_the_shot():
 
 def test_conditioning_span_covers_the_model_window_and_context():
     cfg = load_config()
-    plan = {"shot_index": 1, "start_frame": 48, "fps": "24", "model_fps": 25, "chunks": [{"model_start": 0, "num_frames": 53}]}
+    plan = {
+        "shot_index": 1,
+        "start_frame": 48,
+        "fps": "24",
+        "model_fps": 25,
+        "chunks": [{"model_start": 0, "num_frames": 53}],
+    }
     track = _track(16000 * 10)
     a, b = conditioning_span(plan, (32000, 64000), track, 0.5)
     # from 2 s - reach to 2 s + 53/25 s (the model window past the shot's end) + reach
