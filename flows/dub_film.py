@@ -50,6 +50,7 @@ from flows.film_tasks import (
     check_final_mix,
     default_output,
     dialogue_wav,
+    export_timeline,
     film_tag,
     find_shots,
     key_shots,
@@ -243,6 +244,7 @@ def run_pipeline(
     audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
     paths = [r["output"] for r in rows]
     final = runner.call(assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name)
+    timeline = runner.call(export_timeline, final, source, video, records, rows, audio_path, cfgd, name=name)
     per_stage = shot_timings(rows, ws, records)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
@@ -257,6 +259,7 @@ def run_pipeline(
     notes = [
         f"{len(records)} shots in {len(groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
         f"{len(reused)} shot(s) reused from earlier runs, {len(records) - len(reused)} rendered",
+        f"edit-suite timeline: {timeline}",
         f"model-load share per group (plan): {100 * min(shares):.1f}-{100 * max(shares):.1f} %",
     ]
     if not needs_gpu:

@@ -35,6 +35,7 @@ from tasks.probe import VideoInfo, probe
 from tasks.render import PREVIEW_LABEL
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
+from tasks.timeline_export import film_timeline, write_timeline
 
 log = logging.getLogger(__name__)
 
@@ -220,3 +221,33 @@ def assemble_film(
         stamp_path, {"inputs": inputs, "out": final, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     )
     return final
+
+
+@task(task_run_name="timeline {name}")
+def export_timeline(
+    out: str,
+    source: str,
+    video: dict[str, Any],
+    records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    audio_path: str,
+    config: dict[str, Any],
+    name: str = "",
+) -> str:
+    """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
+    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes."""
+    cfg = PipelineConfig.from_dict(config)
+    shots = [
+        {
+            "index": r["index"], "start_frame": r["plan"]["start_frame"], "end_frame": r["plan"]["end_frame"],
+            "key": r["key"], "dubbed": row["status"] == "done", "reason": row["reason"],
+            "path": row["output"] if cfg.workspace.keep else None,
+        }
+        for r, row in zip(records, rows, strict=True)
+    ]  # fmt: skip
+    timeline = film_timeline(
+        Path(source).stem, Fraction(video["fps"]), source, video["frame_count"], shots, audio_path, out
+    )
+    path = write_timeline(Path(out).with_suffix(".otio"), timeline)
+    run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
+    return str(path)
