@@ -89,6 +89,7 @@ def test_artifacts_of_a_run(tmp_path: Path):
         "chunks": 1,
         "backend": "fake",
         "status": "pending",
+        "reused": "",
         "reason": "",
     }
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "OOM"
