@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import types
 import typing
 from dataclasses import dataclass
@@ -225,11 +223,6 @@ class PipelineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    def digest(self) -> str:
-        """Stable hash of every field (for caches / workspace keys)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:

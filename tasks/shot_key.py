@@ -107,13 +107,12 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
             [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
             for lo in data["infinitetalk"].get("loras", ())
         ]
-    for key in NON_PIXEL_CONFIG:
-        *parents, leaf = key.split(".")
-        node: Any = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+    for key in NON_PIXEL_CONFIG:  # "section" or "section.key"
+        section, _, leaf = key.partition(".")
+        if not leaf:
+            data.pop(section, None)
+        elif isinstance(data.get(section), dict):
+            data[section].pop(leaf, None)
     return data
 
 

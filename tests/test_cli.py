@@ -47,7 +47,7 @@ def test_config_layers_and_typed_overrides(tmp_path: Path):
     assert (cfg.color.strength, cfg.encode.crf, cfg.frames.bucket) == (0.5, 23, "720")
     assert cfg.shots.threshold is None and cfg.encode.keep_source_audio is True
     assert cfg.backend.options == {"steps": 8}
-    assert PipelineConfig.from_dict(cfg.to_dict()) == cfg and cfg.digest() != base.digest()
+    assert PipelineConfig.from_dict(cfg.to_dict()) == cfg and cfg != base
     assert load_config(updates={"plan": {"frame_num": 33}}).plan.frame_num == 33
 
 
