@@ -193,6 +193,14 @@ class QcSettings:
 
 
 @dataclass(frozen=True)
+class ShotPipelineConfig:
+    """The per-shot chunk loop (`tasks.overlap`): decode ahead / finish behind the model on threads."""
+
+    overlap: bool
+    queue: int  # chunks decoded ahead and chunks waiting to be written, each at most
+
+
+@dataclass(frozen=True)
 class EstimateConfig:
     """Benchmark figures behind `dubflow estimate` (seconds; None = not measured)."""
 
@@ -218,6 +226,7 @@ class PipelineConfig:
     region: RegionSettings
     gate: GateConfig
     qc: QcSettings
+    pipeline: ShotPipelineConfig
     estimate: EstimateConfig
 
     def to_dict(self) -> dict[str, Any]:
@@ -231,6 +240,8 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:
         cfg = _build(cls, data, source, prefix="")
+        if cfg.pipeline.queue < 1:
+            raise ConfigError(source, f"pipeline.queue: must be >= 1, got {cfg.pipeline.queue}")
         if cfg.infinitetalk.gpus_per_shot < 1:
             raise ConfigError(
                 source, f"infinitetalk.gpus_per_shot: must be >= 1, got {cfg.infinitetalk.gpus_per_shot}"
