@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # (sequence parallelism and block offload give bit-identical outputs; profiling only adds device syncs)
 NON_SHOT_CONFIG = (
     "encode", "workspace", "cost", "estimate", "debug", "infinitetalk.gpus_per_shot", "infinitetalk.profile",
-    "infinitetalk.offload",
+    "infinitetalk.offload", "pipeline",
 )  # fmt: skip
 
 
