@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 T_LAUNCH = float(os.environ.get("GPU_SMOKE_T0", time.time()))  # set by the parent: process start
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 log = logging.getLogger("gpu_smoke")
 
-RUNS = ("default", "fast")
+RUNS = ("default", "fast", "vae")  # also: fast-seq (the fast run with pipeline.overlap: false)
 # report rows: (label, timing keys of the ShotResult summed into it)
 STAGES = (
     ("decode", ("decode", "gate")),
@@ -70,10 +73,9 @@ def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespa
     out += ["infinitetalk.device=cpu"] if args.tiny else ["infinitetalk.mode=infinitetalk-480"]
     if name == "default":
         out.append(f"infinitetalk.steps={args.default_steps}")
-    elif name == "fast":
+    elif name.startswith("fast"):  # the step-distill LoRA is found in the root by the preset itself
         out += [f"infinitetalk.{kv}" for kv in args.fast.split(",") if kv]
-        if lora:
-            out.append(f'infinitetalk.loras=[{{path: "{lora}", scale: 1.0}}]')
+        out += ["pipeline.overlap=false"] if name == "fast-seq" else []
     return out + list(args.set or [])
 
 
@@ -128,6 +130,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks import infinitetalk as it
     from tasks.audio import prepare_dialogue
     from tasks.config import load_config
+    from tasks.infinitetalk.options import resolve_device
     from tasks.plan import plan_shot
     from tasks.probe import probe
     from tasks.render import ShotJob, render_shot_result
@@ -144,8 +147,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.synchronize()
     models_s = time.perf_counter() - t0
-    calls: list[int] = []
-    hook = models["dit"].register_forward_pre_hook(lambda module, inputs: calls.append(1))
+    calls: list[float] = []  # start time of every DiT call
+    hook = models["dit"].register_forward_pre_hook(lambda module, inputs: calls.append(time.perf_counter()))
 
     info = probe(work / "shot.mp4")
     run_dir = work / f"run-{args.one}"
@@ -177,7 +180,14 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     stages = {label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES}
     stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
     seconds = plan.num_frames / float(info.fps)
-    spec = backend.load_spec(it._device(backend.opts.device))
+    spec = backend.load_spec(resolve_device(backend.opts.device))
+    per_chunk = max(1, len(calls) // len(plan.chunks))
+    new_s = (plan.frame_num - plan.motion_frames) / plan.model_fps  # video seconds a middle chunk adds
+    starts = [c - t_shot for c in calls[::per_chunk]]  # first DiT call of each chunk
+    walls = [round(b - a, 2) for a, b in zip(starts, starts[1:], strict=False)]
+    warmup = max(0.0, walls[0] - min(walls[1:])) if len(walls) > 1 else None  # compile warm-up in chunk 1
+    # GPU idle: from chunk 2's first DiT call to the last chunk's last one (steady state, compile excluded)
+    idle = sampler.idle_percent(calls[per_chunk], calls[-1]) if len(calls) > per_chunk + 1 else None
     return {
         "run": args.one,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -202,19 +212,70 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "load": {
             "import_s": round(import_s, 1),
             "models_s": round(models_s, 1),
-            "total_s": round(import_s + models_s, 1),
+            "compile_warmup_s": None if warmup is None else round(warmup, 1),
+            "encoders_load_s": round(t.get("open", 0.0), 1),  # umT5 + wav2vec2 load, per-film features
+            "total_s": round(import_s + models_s + (warmup or 0.0), 1),
         },
+        "chunk_walls_s": walls,
         "dit_calls": len(calls),
         "dit_s_per_call": round(t.get("dit", 0.0) / max(1, len(calls)), 4),
         "shot_s": round(shot_s, 3),
         "stages_s": stages,
         "timings_s": t,
         "chunk_ends_s": [round(c - t_shot, 2) for c in chunk_ends],
-        "gpu_idle_pct": sampler.idle_percent(chunk_ends[0], chunk_ends[-1]) if len(chunk_ends) > 1 else None,
+        "gpu_idle_pct": idle,
         "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "peak_nvml_gib": sampler.peak_used_gib(),
         "gpu_s_per_video_s": round(shot_s / seconds, 2),
+        "gpu_s_per_video_s_steady": round(statistics.median(walls[1:]) / new_s, 2)
+        if len(walls) > 1
+        else None,
     }
+
+
+def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
+    """The root's VAE in float32 and bfloat16 on one 81-frame chunk of the shot at the 480P bucket:
+    encode + decode seconds of each, and the bf16 drift (relative L2 vs float32) of latents and pixels."""
+    import torch
+
+    from model.vae import load_vae
+    from model.weights import WeightsLayout
+    from tasks.frames import read_frames
+    from tasks.probe import probe
+
+    work = Path(args.work)
+    meta = json.loads((work / "root.json").read_text())
+    lay = WeightsLayout()
+    info = probe(work / "shot.mp4")
+    n = min(info.frame_count, 81 if not args.tiny else 9)
+    got = read_frames(info, list(range(n)))
+    video = torch.from_numpy(np.stack([got[i] for i in range(n)])).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+    hw = (448, 896) if not args.tiny else (64, 128)
+    video = torch.nn.functional.interpolate(video, size=hw, mode="bilinear")[None]  # (1, 3, T, H, W)
+    cuda = torch.cuda.is_available() and not args.tiny
+    device = "cuda:0" if cuda else "cpu"
+    out: dict[str, Any] = {"run": "vae", "frames": n, "size": f"{hw[1]}x{hw[0]}"}
+    ref: dict[str, torch.Tensor] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        vae = load_vae(Path(meta["root"]) / lay.wan_dir / lay.vae, dtype=dtype, device=device)
+        with torch.no_grad():
+            for _ in range(1 + cuda):  # a warm-up pass on the GPU
+                t0 = time.perf_counter()
+                z = vae.encode(video)
+                torch.cuda.synchronize() if cuda else None
+                t1 = time.perf_counter()
+                x = vae.decode(z)
+                torch.cuda.synchronize() if cuda else None
+                t2 = time.perf_counter()
+        name = str(dtype).removeprefix("torch.")
+        out[name] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
+        if dtype == torch.float32:
+            ref = {"z": z.float(), "x": x.float()}
+        else:
+            for k, v in (("z", z), ("x", x)):
+                out[name][f"drift_{k}"] = float((v.float() - ref[k]).norm() / ref[k].norm())
+        del vae
+    return out
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -246,12 +307,15 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"[{r['run']}] FAILED: {r['error']}")
             continue
+        if r["run"] == "vae":
+            lines.append(f"[vae] {r}")
+            continue
         s = r["shot"]
         lines.append(
             f"[{r['run']}] {r['device']}: load {r['load']['total_s']} s (imports {r['load']['import_s']} + models "
             f"{r['load']['models_s']}), shot {s['seconds']} s / {s['chunks']} chunks in {r['shot_s']} s = "
             f"{r['gpu_s_per_video_s']} GPU-s per video-s; {r['dit_calls']} DiT calls x {r['dit_s_per_call']} s; "
-            f"GPU idle {r['gpu_idle_pct']} %; peak {r['peak_alloc_gib']} GiB alloc / {r['peak_nvml_gib']} GiB NVML"
+            f"chunk walls {r['chunk_walls_s']}; GPU idle {r['gpu_idle_pct']} %; peak {r['peak_alloc_gib']} GiB alloc / {r['peak_nvml_gib']} GiB NVML"
         )
         lines.append("    " + "  ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
         lines.append(f"    spec {r['spec']}")
@@ -264,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=None, help="work folder (weights root, shot, runs; default: a temp dir)")
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {RUNS}")
     p.add_argument("--default-steps", type=int, default=2, help="sampling steps of the default run")
-    p.add_argument("--fast", default="preset=fast", help="infinitetalk overrides of the fast run (k=v,k=v)")
+    p.add_argument("--fast", default="preset=fast", help="infinitetalk overrides of the fast runs (k=v,k=v)")
+    p.add_argument("--budget", type=float, default=None, help="skip runs that would start after this many s")
     p.add_argument("--set", action="append", help="another override for every run (section.key=value)")
     p.add_argument("--seconds", type=float, default=None, help="shot length (default 10; --tiny: 2)")
     p.add_argument("--clip", default=None, help="use this shot instead of generating one")
@@ -275,13 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     args.seconds = args.seconds or (2.0 if args.tiny else 10.0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.one:
-        out = one_run(args)
+        out = vae_drift(args) if args.one == "vae" else one_run(args)
         Path(args.json).write_text(json.dumps(out, indent=1))
         return 0
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_smoke.")
     meta = prepare(args)
     results = []
+    t_start = time.time()
     for name in args.runs.split(","):
+        if args.budget is not None and time.time() - t_start > args.budget:
+            results.append({"run": name, "error": f"skipped: past the {args.budget} s budget"})
+            continue
         out_json = Path(args.work) / f"{name}.json"
         cmd = [sys.executable, __file__, "--one", name, "--work", args.work, "--json", str(out_json)]
         cmd += [
