@@ -52,16 +52,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 log = logging.getLogger("gpu_smoke")
 
 RUNS = ("default", "fast", "vae")  # also: fast-seq (the fast run with pipeline.overlap: false)
-# report rows: (label, timing keys of the ShotResult summed into it)
-STAGES = (
-    ("decode", ("decode", "gate")),
-    ("encoders", ("encoders", "clip")),
-    ("DiT", ("dit",)),
-    ("VAE", ("vae",)),
-    ("colour", ("colour",)),
-    ("composite", ("crop", "composite")),
-    ("encode", ("encode", "join")),
-)
 
 
 def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespace) -> list[str]:
@@ -177,7 +167,11 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             hook.remove()
         shot_s = time.perf_counter() - t_shot
     t = result["timings_s"]
-    stages = {label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES}
+    from bench_shot import STAGES  # the per-shot benchmark's report rows (its "model load" row is 0 here)
+
+    stages = {
+        label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
+    }
     stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
     seconds = plan.num_frames / float(info.fps)
     spec = backend.load_spec(resolve_device(backend.opts.device))

@@ -360,10 +360,6 @@ def render_shot_result(
                 if c.index > 0:  # only the newest state is ever resumed from
                     states[c.index - 1].unlink(missing_ok=True)
 
-        def progress(c: Any) -> None:
-            if on_progress:
-                on_progress((c.index + 1) / len(plan.chunks))
-
         try:
             waits = run_chunks(
                 todo,
@@ -372,7 +368,7 @@ def render_shot_result(
                 write,
                 depth=cfg.pipeline.queue,
                 overlap=cfg.pipeline.overlap,
-                on_done=progress,
+                on_done=on_progress and (lambda c: on_progress((c.index + 1) / len(plan.chunks))),
             )
             timer.add(waits)
         finally:
