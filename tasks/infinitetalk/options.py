@@ -142,8 +142,9 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
 
     if opts.mode == "tiny" or not device.startswith("cuda"):
         return False, False
-    hopper = torch.cuda.get_device_capability(device) >= (9, 0)
-    gemm = hopper if opts.fp8_compute == "auto" else bool(opts.fp8_compute)
+    gemm = bool(opts.fp8_compute)
+    if opts.fp8_compute == "auto":  # only `auto` asks the device
+        gemm = torch.cuda.get_device_capability(device) >= (9, 0)
     if opts.fp8_attention == "auto":
         from model.cudnn_attention import fp8_supported  # noqa: PLC0415
 
