@@ -204,10 +204,19 @@ class BlockOffload:
 VAE_DECODE_BYTES_PER_PIXEL = {torch.float32: 23_000, torch.bfloat16: 12_000}
 
 
+def indexed_device(device: torch.device | str, current: int | None = None) -> torch.device:
+    """`device` with its index: a bare `cuda` is the current CUDA device (`current`, default
+    `torch.cuda.current_device()`); torch's per-process memory fraction refuses unindexed devices."""
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device() if current is None else current)
+
+
 def free_device_memory(device: torch.device | str) -> int:
     """Bytes a new allocation can still get on `device`: free driver memory + the allocator's cached
     blocks, capped by `torch.cuda.set_per_process_memory_fraction`."""
-    device = torch.device(device)
+    device = indexed_device(device)
     free, total = torch.cuda.mem_get_info(device)
     reserved = torch.cuda.memory_reserved(device)
     allocated = torch.cuda.memory_allocated(device)
@@ -332,7 +341,7 @@ def decide_offload(
 def device_memory_limit(device: torch.device | str) -> int:
     """Total bytes this process may use on a CUDA `device` (the card's memory, capped by
     `torch.cuda.set_per_process_memory_fraction`)."""
-    device = torch.device(device)
+    device = indexed_device(device)
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     return int(fraction(device) * total) if fraction is not None else total

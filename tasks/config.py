@@ -145,10 +145,13 @@ class InfiniteTalkConfig:
     t5_cpu: bool
     prompt: str
     negative_prompt: str
-    steps: int | None  # None: the mode's preset
+    preset: Literal[
+        "quality", "fast"
+    ]  # fills the keys below left None (`presets`; tasks.infinitetalk.options)
+    steps: int | None  # None: the preset's (quality: the mode's)
     shift: float | None
-    text_guide_scale: float
-    audio_guide_scale: float
+    text_guide_scale: float | None  # None only before the preset is applied
+    audio_guide_scale: float | None
     use_apg: bool
     apg_momentum: float
     apg_norm_threshold: float
@@ -158,11 +161,22 @@ class InfiniteTalkConfig:
     batch_branches: bool
     profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
     compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
-    fp8_compute: bool  # DiT block linears as fp8 GEMMs (Hopper); drift vs bf16 in benchmarks/RESULTS.md
-    fp8_attention: bool  # DiT self-attention as cuDNN fp8 attention (Hopper); drift in benchmarks/RESULTS.md
+    fp8_compute: (
+        Literal["auto", True, False] | None
+    )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported
+    fp8_attention: Literal["auto", True, False] | None  # self-attention as cuDNN fp8 attention (Hopper)
+    vae_dtype: Literal["float32", "bfloat16"] | None  # VAE precision on a GPU (CPU runs: float32)
     offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
     vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
     vae_tile_px: int  # tile side with vae_tiling: true (tiles overlap by a quarter)
+
+
+@dataclass(frozen=True)
+class PresetsConfig:
+    """The values `infinitetalk.preset` fills in (each a mapping of `infinitetalk` keys)."""
+
+    quality: dict[str, Any]
+    fast: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -194,6 +208,14 @@ class QcSettings:
 
 
 @dataclass(frozen=True)
+class ShotPipelineConfig:
+    """The per-shot chunk loop (`tasks.overlap`): decode ahead / finish behind the model on threads."""
+
+    overlap: bool
+    queue: int  # chunks decoded ahead and chunks waiting to be written, each at most
+
+
+@dataclass(frozen=True)
 class EstimateConfig:
     """Benchmark figures behind `dubflow estimate` (seconds; None = not measured)."""
 
@@ -216,9 +238,11 @@ class PipelineConfig:
     cost: CostConfig
     debug: DebugConfig
     infinitetalk: InfiniteTalkConfig
+    presets: PresetsConfig
     region: RegionSettings
     gate: GateConfig
     qc: QcSettings
+    pipeline: ShotPipelineConfig
     estimate: EstimateConfig
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,6 +251,8 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:
         cfg = _build(cls, data, source, prefix="")
+        if cfg.pipeline.queue < 1:
+            raise ConfigError(source, f"pipeline.queue: must be >= 1, got {cfg.pipeline.queue}")
         if cfg.infinitetalk.gpus_per_shot < 1:
             raise ConfigError(
                 source, f"infinitetalk.gpus_per_shot: must be >= 1, got {cfg.infinitetalk.gpus_per_shot}"

@@ -38,6 +38,7 @@ from tasks.color import match_and_blend
 from tasks.config import PipelineConfig
 from tasks.errors import DecodeError, MediaError
 from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, iter_frames, read_frames
+from tasks.overlap import dub_chunk_deferred, run_chunks
 from tasks.plan import ShotPlan
 from tasks.probe import VideoInfo, probe
 
@@ -317,42 +318,63 @@ def render_shot_result(
             session = backend.open_shot(
                 plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state, **extra
             )
+
+        def read(c: Any) -> tuple[ChunkInput, np.ndarray]:  # reader thread: decode ahead
+            nonlocal first_frame
+            with timer("decode"):
+                frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
+                ref = cursor.get(s0 + c.ref_frame)
+                if shot_first:
+                    first_frame = cursor.get(s0) if first_frame is None else first_frame
+            color_ref = first_frame if shot_first else ref
+            window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
+            return ChunkInput(c, frames, ref, window, track.sample_rate), color_ref
+
+        def generate(
+            c: Any, got: tuple[ChunkInput, np.ndarray]
+        ) -> tuple[Any, np.ndarray, Any]:  # caller: GPU
+            inp, color_ref = got
+            with timer("backend"):
+                finish = dub_chunk_deferred(session, inp)
+            return finish, color_ref, session.state()  # the state after this chunk, for its checkpoint
+
+        def write(c: Any, product: tuple[Any, np.ndarray, Any]) -> None:  # writer thread: finish behind
+            finish, color_ref, st = product
+            with timer("composite"):
+                chunk_out = finish()
+            n_out = c.src_end - c.src_start
+            if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
+                raise MediaError(
+                    info.path,
+                    f"backend {backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
+                    f"of shot {plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
+                )
+            if not backend.applies_color:
+                with timer("colour"):
+                    chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
+            with timer("encode"):
+                if n_out:
+                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
+                        w.write(chunk_out)
+                if st is not None:
+                    tmp = atomic_temp(states[c.index])
+                    tmp.write_bytes(pickle.dumps(st))
+                    os.replace(tmp, states[c.index])
+                done[c.index].touch()
+                if c.index > 0:  # only the newest state is ever resumed from
+                    states[c.index - 1].unlink(missing_ok=True)
+
         try:
-            for c in todo:
-                with timer("decode"):
-                    frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
-                    ref = cursor.get(s0 + c.ref_frame)
-                    if shot_first:
-                        first_frame = cursor.get(s0) if first_frame is None else first_frame
-                color_ref = first_frame if shot_first else ref
-                window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
-                inp = ChunkInput(c, frames, ref, window, track.sample_rate)
-                with timer("backend"):
-                    chunk_out = session.dub_chunk(inp)
-                n_out = c.src_end - c.src_start
-                if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
-                    raise MediaError(
-                        info.path,
-                        f"backend {backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
-                        f"of shot {plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
-                    )
-                if not backend.applies_color:
-                    with timer("colour"):
-                        chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
-                with timer("encode"):
-                    if n_out:
-                        with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
-                            w.write(chunk_out)
-                    st = session.state()
-                    if st is not None:
-                        tmp = atomic_temp(states[c.index])
-                        tmp.write_bytes(pickle.dumps(st))
-                        os.replace(tmp, states[c.index])
-                    done[c.index].touch()
-                    if c.index > 0:  # only the newest state is ever resumed from
-                        states[c.index - 1].unlink(missing_ok=True)
-                if on_progress:
-                    on_progress((c.index + 1) / len(plan.chunks))
+            waits = run_chunks(
+                todo,
+                read,
+                generate,
+                write,
+                depth=cfg.pipeline.queue,
+                overlap=cfg.pipeline.overlap,
+                on_done=on_progress and (lambda c: on_progress((c.index + 1) / len(plan.chunks))),
+            )
+            timer.add(waits)
         finally:
             session.close()
             cursor.close()

@@ -214,6 +214,11 @@ def test_killed_worker_resumes_at_the_chunk_it_was_in(
         for line in child.stderr:
             seen.append(line)
             if "generating chunk 2/3" in line:
+                # chunk 1 is finished on the writer thread while chunk 2 generates (tasks.overlap): kill
+                # once its checkpoint is on disk, so the kill lands inside chunk 2's generation
+                done_1 = tmp_path / "killed.chunks" / "chunk_0000.done"
+                while not done_1.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 child.send_signal(signal.SIGKILL)
                 break
             assert time.monotonic() < deadline, "".join(seen[-20:])

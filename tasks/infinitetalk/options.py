@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config import InfiniteTalkConfig, PipelineConfig
@@ -42,7 +44,7 @@ def resolve_options(
             "backend.options", f"unknown infinitetalk option {unknown[0]} (known: {', '.join(known)})"
         )
     data = cfg.to_dict()
-    data["infinitetalk"] = {**data["infinitetalk"], **dict(overrides or {})}
+    data["infinitetalk"] = with_preset({**data["infinitetalk"], **dict(overrides or {})}, data["presets"])
     opts = PipelineConfig.from_dict(data, source="backend.options").infinitetalk
     for i, lora in enumerate(opts.loras):
         if not isinstance(lora.get("path"), str) or not isinstance(lora.get("scale", 1.0), int | float):
@@ -77,7 +79,77 @@ def resolve_options(
         raise ConfigError(
             "infinitetalk.vae_tile_px", f"must be a positive multiple of 32, got {opts.vae_tile_px}"
         )
+    if opts.preset == "fast" and need_weights:
+        opts = with_distill_lora(opts)
     return opts
+
+
+PRESET_KEYS = (
+    "steps",
+    "shift",
+    "text_guide_scale",
+    "audio_guide_scale",
+    "fp8_compute",
+    "fp8_attention",
+    "vae_dtype",
+)
+
+
+def with_preset(section: dict[str, Any], presets: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The `infinitetalk` mapping with every preset key left null filled from `presets[preset]`."""
+    name = section.get("preset")
+    if name not in presets:
+        raise ConfigError("infinitetalk.preset", f"{name!r} is not one of {', '.join(presets)}")
+    table = presets[name]
+    keys = sorted(set(table) ^ set(PRESET_KEYS))
+    if keys:
+        raise ConfigError(f"presets.{name}", f"must set exactly {', '.join(PRESET_KEYS)} (not {keys[0]})")
+    return {**section, **{k: table[k] for k in PRESET_KEYS if section.get(k) is None}}
+
+
+DISTILL_NAMES = ("lightx2v", "fusionx", "distill")  # lightx2v / FusionX step-distill LoRA file names
+
+
+def distill_loras(root: Path) -> list[Path]:
+    """Step-distill LoRA files a weights root holds (top level or `loras/`), by their published names."""
+    found = [*root.glob("*.safetensors"), *root.glob("loras/*.safetensors")]
+    return sorted(p for p in found if any(n in p.name.lower() for n in DISTILL_NAMES))
+
+
+def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
+    """The fast preset's requirement: a step-distill LoRA in `loras`, else the weights root's (added at
+    scale 1.0). 4 undistilled steps give noise, not a dub: without one this is a ConfigError."""
+    if any(any(n in Path(lora["path"]).name.lower() for n in DISTILL_NAMES) for lora in opts.loras):
+        return opts
+    root = Path(opts.weights) if opts.weights is not None else None
+    found = distill_loras(root) if root is not None and root.is_dir() else []
+    if not found:
+        where = f"in {root} or its loras/" if root is not None else "(tiny mode has no weights root)"
+        raise ConfigError(
+            "infinitetalk.preset",
+            f"fast needs a step-distilled LoRA (lightx2v / FusionX) in infinitetalk.loras or {where}; "
+            "4 undistilled steps are noise",
+        )
+    if opts.quant != "none":
+        raise ConfigError("infinitetalk.preset", "fast merges a step-distill LoRA: it needs quant: none")
+    return dataclasses.replace(opts, loras=(*opts.loras, {"path": str(found[0]), "scale": 1.0}))
+
+
+def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
+    """(fp8 GEMMs, fp8 attention) on `device`: `auto` is on where supported (CUDA sm90+; fp8 attention
+    also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU."""
+    import torch  # noqa: PLC0415
+
+    if opts.mode == "tiny" or not device.startswith("cuda"):
+        return False, False
+    gemm = bool(opts.fp8_compute)
+    if opts.fp8_compute == "auto":  # only `auto` asks the device
+        gemm = torch.cuda.get_device_capability(device) >= (9, 0)
+    if opts.fp8_attention == "auto":
+        from model.cudnn_attention import fp8_supported  # noqa: PLC0415
+
+        return gemm, fp8_supported(torch.device(device))
+    return gemm, bool(opts.fp8_attention)
 
 
 def region_config(cfg: PipelineConfig) -> RegionConfig:
@@ -94,14 +166,31 @@ def region_config(cfg: PipelineConfig) -> RegionConfig:
 
 
 def resolve_device(name: str) -> str:
-    """The run device of `infinitetalk.device` (auto: CUDA when there is one; a CUDA name needs CUDA)."""
+    """The run device of `infinitetalk.device`, always indexed on CUDA (`device_for`): the visible CUDA
+    devices are counted without creating a CUDA context, the local rank comes from `LOCAL_RANK`."""
     import torch  # noqa: PLC0415
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return device_for(name, cuda_count=count, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def device_for(name: str, *, cuda_count: int, local_rank: int = 0) -> str:
+    """`auto` -> `cuda:<local rank>` when CUDA devices are visible, else `cpu`; `cuda` -> `cuda:<local rank>`;
+    `cuda:N` as given. CUDA APIs that take a device (memory fraction, properties) need the index, and a
+    process serves one device, so the name is indexed once here. Errors name the key and the problem."""
+    if name == "cpu":
+        return name
+    if name not in ("auto", "cuda") and not name.startswith("cuda:"):
+        raise ConfigError("infinitetalk.device", f"{name}: expected auto, cpu, cuda or cuda:N")
+    if cuda_count == 0:
+        if name == "auto":
+            return "cpu"
         raise ConfigError("infinitetalk.device", f"{name}: no CUDA device is available")
-    return name
+    index = local_rank if name in ("auto", "cuda") else name.removeprefix("cuda:")
+    if not str(index).isdigit() or int(index) >= cuda_count:
+        why = f"local rank {local_rank}" if name in ("auto", "cuda") else f"index {index}"
+        raise ConfigError("infinitetalk.device", f"{name}: {why} but {cuda_count} CUDA device(s) visible")
+    return f"cuda:{int(index)}"
 
 
 def offload_decision(
@@ -133,7 +222,7 @@ def offload_decision(
     h, w = max(table.values(), key=lambda hw: hw[0] * hw[1])
     h, w = tiny_hw((h, w)) if tiny else (h, w)
     tokens = (1 + (frame_num - 1) // 4) * (h // 16) * (w // 16)  # latent frames x 2x2 patches of h/8 x w/8
-    fp8 = opts.fp8_compute and not tiny
+    fp8 = fp8_flags(opts, device)[0]
     dtype = torch.float32 if tiny else getattr(torch, opts.dtype)
     config = DIT_PRESETS["tiny" if tiny else "infinitetalk-14b"]
     dit = dit_weight_bytes(config, dtype, fp8_blocks=fp8, quantized=opts.quant != "none")
@@ -163,10 +252,12 @@ def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> 
             offload_reason=off.reason,
         )  # fmt: skip
     dtype = getattr(torch, opts.dtype)
+    fp8_compute, fp8_attention = fp8_flags(opts, device)
     compile_dit = device.startswith("cuda") if opts.compile is None else opts.compile
     return LoadSpec(
         mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras,
-        fp8_compute=opts.fp8_compute, fp8_attention=opts.fp8_attention, compile=compile_dit,
+        fp8_compute=fp8_compute, fp8_attention=fp8_attention, compile=compile_dit,
+        vae_dtype=getattr(torch, opts.vae_dtype),
         offload=off.offload, offload_reason=off.reason,
     )  # fmt: skip
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -250,6 +251,12 @@ class InfiniteTalkSession:
     # --- ShotSession
 
     def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
+        return self.dub_chunk_deferred(inp)()
+
+    def dub_chunk_deferred(self, inp: ChunkInput) -> Callable[[], np.ndarray]:
+        """Generate the chunk now (the model work, in order); return the function that pastes its frames
+        into the source frames (CPU work, reads nothing that later chunks change: `tasks.overlap` runs it
+        on the writer thread while the next chunk generates)."""
         from model.stream import StreamState  # noqa: PLC0415
 
         c = inp.chunk
@@ -285,17 +292,19 @@ class InfiniteTalkSession:
             raise RuntimeError(f"shot {self.plan.shot_index}: sampler ran chunk {index}, expected {c.index}")
         self.stream_state = state
         first_kept = c.new_start - c.model_start
-        if inp.frames.shape[0] == 0:
-            return np.zeros((0, *self.coded_hw, 3), np.uint8)
-        with self.watch("composite"):
+        region, tiny, indices = self.region, self.backend.tiny, self.plan.conform_indices(c)
+
+        def composite() -> np.ndarray:  # (n_out, H, W, 3) uint8: the generated crop pasted into each frame
+            if inp.frames.shape[0] == 0:
+                return np.zeros((0, *self.coded_hw, 3), np.uint8)
             frames = []
-            for t, k in enumerate(self.plan.conform_indices(c)):
+            for t, k in enumerate(indices):
                 j = c.src_start + t
-                frame = self.region.paste(kept[k - first_kept], inp.frames[t], j)
-                if self.backend.tiny:
-                    frame = label_tiny(frame, self.region.coded_box(j))
-                frames.append(frame)
-        return np.stack(frames)
+                frame = region.paste(kept[k - first_kept], inp.frames[t], j)
+                frames.append(label_tiny(frame, region.coded_box(j)) if tiny else frame)
+            return np.stack(frames)
+
+        return composite
 
     def state(self) -> dict[str, Any] | None:
         if self.stream_state is None:

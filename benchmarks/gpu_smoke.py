@@ -1,0 +1,377 @@
+"""GPU smoke run of the product: a real-size random weights root on local disk, then one shot through
+the product's per-shot path (`tasks.render.render_shot_result` + the InfiniteTalk backend) per config.
+
+What runs is what a user runs: `model.loading.load_models` reads the root (safetensors mmap, LoRA merge,
+fp8 conversion, compile, the `offload: auto` decision, VAE), the backend's default settings apply, and
+only these are set: the weights root and `infinitetalk.mode` (the product default is tiny mode),
+`gate.policy: all` + `region.mode: full` (the test pattern has no face), `qc.enabled: false` (QC
+previews need an H.264 encoder) and `infinitetalk.profile: true` (device syncs around each stage, so the
+split is exact). Runs (each in its own process, so model load and peak memory are its own):
+  * default: the default config; `--default-steps N` (default 2) sampling steps instead of 40, as the DiT
+    time scales linearly with steps (the JSON has seconds per DiT call);
+  * fast: `infinitetalk.preset: fast` plus the root's step-distill LoRA (benchmarks/real_root.py writes
+    a random one in the lightx2v format).
+The shot: 10 s of 1280x720 at 24 fps (a moving test pattern, H.264; `--clip FILE` uses a given one) with
+the committed test speech repeated as the dub.
+Reported per run: model load (process start + imports, then DiT/VAE/CLIP to the GPU), the per-stage split,
+GPU idle % between the end of the first and the end of the last chunk (NVML utilisation sampled every
+20 ms), peak memory (torch allocator and NVML), DiT calls and seconds per call, H200-s per second of
+video (shot wall time without model load / video seconds).
+
+`--tiny`: the same on the CPU with the tiny random root (and a tiny LoRA): a smoke test of this script
+for CI and development; its numbers mean nothing.
+
+Usage:
+    python benchmarks/gpu_smoke.py [--work /tmp/smoke] [--runs default,fast] [--json OUT.json]
+    python benchmarks/gpu_smoke.py --tiny --json /tmp/smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+T_LAUNCH = float(os.environ.get("GPU_SMOKE_T0", time.time()))  # set by the parent: process start
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+log = logging.getLogger("gpu_smoke")
+
+RUNS = ("default", "fast", "vae")  # also: fast-seq (the fast run with pipeline.overlap: false)
+
+
+def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespace) -> list[str]:
+    """`--set` overrides of one run (see the module doc)."""
+    out = [
+        f"workspace.root={args.work}/ws-{name}", "gate.policy=all", "region.mode=full", "qc.enabled=false",
+        "infinitetalk.profile=true", "audio.length_policy=fit", f"infinitetalk.weights={root}",
+    ]  # fmt: skip
+    out += ["infinitetalk.device=cpu"] if args.tiny else ["infinitetalk.mode=infinitetalk-480"]
+    if name == "default":
+        out.append(f"infinitetalk.steps={args.default_steps}")
+    elif name.startswith("fast"):  # the step-distill LoRA is found in the root by the preset itself
+        out += [f"infinitetalk.{kv}" for kv in args.fast.split(",") if kv]
+        out += ["pipeline.overlap=false"] if name == "fast-seq" else []
+    return out + list(args.set or [])
+
+
+class GpuSampler:
+    """NVML utilisation and memory of GPU 0, sampled on a thread (no-op without a GPU or pynvml)."""
+
+    def __init__(self, period_s: float = 0.02):
+        self.samples: list[tuple[float, int, int]] = []  # (time, util %, used bytes)
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no GPU, no NVML: nothing sampled
+            self._nvml = None
+
+    def __enter__(self) -> GpuSampler:
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        nv, h = self._nvml, self._handle
+        while not self._stop.is_set():
+            util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+            used = nv.nvmlDeviceGetMemoryInfo(h).used
+            self.samples.append((time.perf_counter(), util, used))
+            time.sleep(self.period_s)
+
+    def idle_percent(self, t0: float, t1: float) -> float | None:
+        window = [u for t, u, _ in self.samples if t0 <= t <= t1]
+        return round(100.0 - sum(window) / len(window), 1) if window else None
+
+    def peak_used_gib(self) -> float | None:
+        return round(max(m for _, _, m in self.samples) / 2**30, 2) if self.samples else None
+
+
+def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    """One config in this process: load the models, render the shot, return its figures."""
+    import torch
+
+    from tasks import infinitetalk as it
+    from tasks.audio import prepare_dialogue
+    from tasks.config import load_config
+    from tasks.infinitetalk.options import resolve_device
+    from tasks.plan import plan_shot
+    from tasks.probe import probe
+    from tasks.render import ShotJob, render_shot_result
+    from tasks.shots import Shot
+
+    import_s = time.time() - T_LAUNCH
+    work = Path(args.work)
+    meta = json.loads((work / "root.json").read_text())
+    cfg = load_config(overrides=run_overrides(args.one, meta["root"], meta["lora"], args))
+    cuda = torch.cuda.is_available() and not args.tiny
+    backend = it.InfiniteTalkBackend({}, config=cfg)
+    t0 = time.perf_counter()
+    models = backend.models("dit", "vae", "clip")
+    if cuda:
+        torch.cuda.synchronize()
+    models_s = time.perf_counter() - t0
+    calls: list[float] = []  # start time of every DiT call
+    hook = models["dit"].register_forward_pre_hook(lambda module, inputs: calls.append(time.perf_counter()))
+
+    info = probe(work / "shot.mp4")
+    run_dir = work / f"run-{args.one}"
+    track = prepare_dialogue(
+        work / "dub.wav",
+        frame_count=info.frame_count,
+        fps=info.fps,
+        cfg=cfg.audio,
+        out_wav=work / f"d-{args.one}.wav",
+    )
+    plan = plan_shot(Shot(0, 0, info.frame_count), info.fps, cfg.plan)
+    job = ShotJob(
+        info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / "out.mkv"),
+        cfg.to_dict(), work_dir=str(run_dir),
+    )  # fmt: skip
+    chunk_ends: list[float] = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with GpuSampler() as sampler:
+        t_shot = time.perf_counter()
+        try:
+            result = render_shot_result(
+                job, backend=backend, on_progress=lambda f: chunk_ends.append(time.perf_counter())
+            )
+        finally:
+            hook.remove()
+        shot_s = time.perf_counter() - t_shot
+    t = result["timings_s"]
+    from bench_shot import STAGES  # the per-shot benchmark's report rows (its "model load" row is 0 here)
+
+    stages = {
+        label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
+    }
+    stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
+    seconds = plan.num_frames / float(info.fps)
+    spec = backend.load_spec(resolve_device(backend.opts.device))
+    per_chunk = max(1, len(calls) // len(plan.chunks))
+    new_s = (plan.frame_num - plan.motion_frames) / plan.model_fps  # video seconds a middle chunk adds
+    starts = [c - t_shot for c in calls[::per_chunk]]  # first DiT call of each chunk
+    walls = [round(b - a, 2) for a, b in zip(starts, starts[1:], strict=False)]
+    warmup = max(0.0, walls[0] - min(walls[1:])) if len(walls) > 1 else None  # compile warm-up in chunk 1
+    # GPU idle: from chunk 2's first DiT call to the last chunk's last one (steady state, compile excluded)
+    idle = sampler.idle_percent(calls[per_chunk], calls[-1]) if len(calls) > per_chunk + 1 else None
+    return {
+        "run": args.one,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "overrides": run_overrides(args.one, meta["root"], meta["lora"], args),
+        "spec": {
+            k: str(getattr(spec, k))
+            for k in (
+                "device",
+                "dtype",
+                "vae_dtype",
+                "fp8_compute",
+                "fp8_attention",
+                "compile",
+                "offload",
+                "loras",
+            )
+        }
+        | {"offload_reason": spec.offload_reason},
+        "steps": backend.opts.steps,
+        "shot": {"seconds": round(seconds, 3), "frames": plan.num_frames, "chunks": len(plan.chunks)},
+        "load": {
+            "import_s": round(import_s, 1),
+            "models_s": round(models_s, 1),
+            "compile_warmup_s": None if warmup is None else round(warmup, 1),
+            "encoders_load_s": round(t.get("open", 0.0), 1),  # umT5 + wav2vec2 load, per-film features
+            "total_s": round(import_s + models_s + (warmup or 0.0), 1),
+        },
+        "chunk_walls_s": walls,
+        "dit_calls": len(calls),
+        "dit_s_per_call": round(t.get("dit", 0.0) / max(1, len(calls)), 4),
+        "shot_s": round(shot_s, 3),
+        "stages_s": stages,
+        "timings_s": t,
+        "chunk_ends_s": [round(c - t_shot, 2) for c in chunk_ends],
+        "gpu_idle_pct": idle,
+        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "peak_nvml_gib": sampler.peak_used_gib(),
+        "gpu_s_per_video_s": round(shot_s / seconds, 2),
+        "gpu_s_per_video_s_steady": round(statistics.median(walls[1:]) / new_s, 2)
+        if len(walls) > 1
+        else None,
+    }
+
+
+def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
+    """The root's VAE in float32 and bfloat16 on one 81-frame chunk of the shot at the 480P bucket:
+    encode + decode seconds of each, and the bf16 drift (relative L2 vs float32) of latents and pixels."""
+    import torch
+
+    from model.vae import load_vae
+    from model.weights import WeightsLayout
+    from tasks.frames import read_frames
+    from tasks.probe import probe
+
+    work = Path(args.work)
+    meta = json.loads((work / "root.json").read_text())
+    lay = WeightsLayout()
+    info = probe(work / "shot.mp4")
+    n = min(info.frame_count, 81 if not args.tiny else 9)
+    got = read_frames(info, list(range(n)))
+    video = torch.from_numpy(np.stack([got[i] for i in range(n)])).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+    hw = (448, 896) if not args.tiny else (64, 128)
+    video = torch.nn.functional.interpolate(video, size=hw, mode="bilinear")[None]  # (1, 3, T, H, W)
+    cuda = torch.cuda.is_available() and not args.tiny
+    device = "cuda:0" if cuda else "cpu"
+    out: dict[str, Any] = {"run": "vae", "frames": n, "size": f"{hw[1]}x{hw[0]}"}
+    ref: dict[str, torch.Tensor] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        vae = load_vae(Path(meta["root"]) / lay.wan_dir / lay.vae, dtype=dtype, device=device)
+        with torch.no_grad():
+            for _ in range(1 + cuda):  # a warm-up pass on the GPU
+                t0 = time.perf_counter()
+                z = vae.encode(video)
+                torch.cuda.synchronize() if cuda else None
+                t1 = time.perf_counter()
+                x = vae.decode(z)
+                torch.cuda.synchronize() if cuda else None
+                t2 = time.perf_counter()
+        name = str(dtype).removeprefix("torch.")
+        out[name] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
+        if dtype == torch.float32:
+            ref = {"z": z.float(), "x": x.float()}
+        else:
+            for k, v in (("z", z), ("x", x)):
+                out[name][f"drift_{k}"] = float((v.float() - ref[k]).norm() / ref[k].norm())
+        del vae
+    return out
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """The weights root (written unless `root.json` says it is there) and the shot + dub files."""
+    from bench_shot import make_dub, make_shot
+    from real_root import write_real_root
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    meta_file = work / "root.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+    else:
+        meta = write_real_root(work / "weights", tiny=args.tiny)
+        meta_file.write_text(json.dumps(meta))
+    if args.clip:
+        shutil.copyfile(args.clip, work / "shot.mp4")
+    elif not (work / "shot.mp4").is_file():
+        size = (320, 180) if args.tiny else (1280, 720)
+        make_shot(work / "shot.mp4", args.seconds, size, 24)
+    make_dub(work / "dub.wav", args.seconds)
+    return meta
+
+
+def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The short table printed last."""
+    lines = [f"root {meta['root']}: {meta['bytes'] or 0:.3g} bytes written in {meta['write_s']} s"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"[{r['run']}] FAILED: {r['error']}")
+            continue
+        if r["run"] == "vae":
+            lines.append(f"[vae] {r}")
+            continue
+        s = r["shot"]
+        lines.append(
+            f"[{r['run']}] {r['device']}: load {r['load']['total_s']} s (imports {r['load']['import_s']} + models "
+            f"{r['load']['models_s']}), shot {s['seconds']} s / {s['chunks']} chunks in {r['shot_s']} s = "
+            f"{r['gpu_s_per_video_s']} GPU-s per video-s; {r['dit_calls']} DiT calls x {r['dit_s_per_call']} s; "
+            f"chunk walls {r['chunk_walls_s']}; GPU idle {r['gpu_idle_pct']} %; peak {r['peak_alloc_gib']} GiB alloc / {r['peak_nvml_gib']} GiB NVML"
+        )
+        lines.append("    " + "  ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
+        lines.append(f"    spec {r['spec']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny random root")
+    p.add_argument("--work", default=None, help="work folder (weights root, shot, runs; default: a temp dir)")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {RUNS}")
+    p.add_argument("--default-steps", type=int, default=2, help="sampling steps of the default run")
+    p.add_argument("--fast", default="preset=fast", help="infinitetalk overrides of the fast runs (k=v,k=v)")
+    p.add_argument("--budget", type=float, default=None, help="skip runs that would start after this many s")
+    p.add_argument("--set", action="append", help="another override for every run (section.key=value)")
+    p.add_argument("--seconds", type=float, default=None, help="shot length (default 10; --tiny: 2)")
+    p.add_argument("--clip", default=None, help="use this shot instead of generating one")
+    p.add_argument("--timeout", type=float, default=540, help="seconds per run")
+    p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one run in this process
+    args = p.parse_args(argv)
+    args.seconds = args.seconds or (2.0 if args.tiny else 10.0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.one:
+        out = vae_drift(args) if args.one == "vae" else one_run(args)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
+    args.work = args.work or tempfile.mkdtemp(prefix="gpu_smoke.")
+    meta = prepare(args)
+    results = []
+    t_start = time.time()
+    for name in args.runs.split(","):
+        if args.budget is not None and time.time() - t_start > args.budget:
+            results.append({"run": name, "error": f"skipped: past the {args.budget} s budget"})
+            continue
+        out_json = Path(args.work) / f"{name}.json"
+        cmd = [sys.executable, __file__, "--one", name, "--work", args.work, "--json", str(out_json)]
+        cmd += [
+            "--default-steps",
+            str(args.default_steps),
+            "--fast",
+            args.fast,
+            "--seconds",
+            str(args.seconds),
+        ]
+        cmd += ["--tiny"] if args.tiny else []
+        for s in args.set or []:
+            cmd += ["--set", s]
+        env = {**os.environ, "GPU_SMOKE_T0": repr(time.time())}
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=args.timeout, check=False)
+            ok = proc.returncode == 0 and out_json.is_file()
+            results.append(
+                json.loads(out_json.read_text()) if ok else {"run": name, "error": f"exit {proc.returncode}"}
+            )
+        except subprocess.TimeoutExpired:
+            results.append({"run": name, "error": f"timed out after {args.timeout} s"})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"root": meta, "runs": results}, indent=1))
+    print(report(results, meta))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
