@@ -30,7 +30,7 @@ from tasks.lips import MouthMeter, mouth_activity
 from tasks.probe import VideoInfo
 from tasks.speaker import SpeakerSegment, SpeakerSettings, find_speakers, still_tracks
 from tasks.tracks import Tracker, appearance
-from tasks.vad import RATE, StreamingVad, VadSettings
+from tasks.vad import RATE, StreamingVad, at_frames
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +44,19 @@ def speaker_settings(cfg: SpeakerConfig) -> SpeakerSettings:
     )  # fmt: skip
 
 
-def vad_settings(cfg: SpeakerConfig) -> VadSettings:
-    return VadSettings(cfg.vad_threshold, cfg.vad_min_speech_s, cfg.vad_min_silence_s, cfg.vad_pad_s)
-
-
-def source_speech(info: VideoInfo) -> np.ndarray | None:
-    """Speech probability per 32 ms of the film's first audio stream (None when the film has no audio)."""
+def source_speech(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
+    """Speech probability at each of the film's frames [start, end), from its own first audio stream (Silero
+    VAD over that stretch only); None when the film has no audio stream."""
     if not info.audio:
         return None
-    args = ["-v", "error", "-i", info.path, "-map", f"0:{info.audio[0].index}", "-vn", "-sn", "-dn"]
-    args += ["-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
+    t0 = info.seek_offset_s + float(start / info.fps)
+    dur = float((end - start) / info.fps)
+    args = ["-v", "error", "-ss", f"{max(0.0, t0):.6f}", "-i", info.path, "-map", f"0:{info.audio[0].index}"]
+    args += ["-t", f"{dur:.6f}", "-vn", "-sn", "-dn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
     vad = StreamingVad()
-    parts = [
-        vad.feed(np.frombuffer(buf, np.float32))
-        for buf in ffmpeg.read_blocks(
-            args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True
-        )
-    ]
-    parts.append(vad.finish())
-    return np.concatenate(parts)
+    blocks = ffmpeg.read_blocks(args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True)
+    probs = np.concatenate([*(vad.feed(np.frombuffer(buf, np.float32)) for buf in blocks), vad.finish()])
+    return at_frames(probs, end - start, float(info.fps))
 
 
 @dataclass(frozen=True)
@@ -267,5 +261,4 @@ __all__ = [
     "display_frames",
     "source_speech",
     "speaker_settings",
-    "vad_settings",
 ]

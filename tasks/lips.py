@@ -60,7 +60,9 @@ class MouthMeter:
 
     def __init__(self, n_frames: int, lag: int = 2) -> None:
         self.n_frames = n_frames
-        self.lag = lag  # compare with the patch this many frames back (slow lip motion adds up, noise does not)
+        self.lag = (
+            lag  # compare with the patch this many frames back (slow lip motion adds up, noise does not)
+        )
         self._mouth: dict[int, np.ndarray] = {}  # track id -> (n_frames,)
         self._upper: dict[int, np.ndarray] = {}
         self._prev: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []  # the last `lag` frames' patches
