@@ -1,5 +1,5 @@
 """The film-level tasks of `dub-film`: probe, workspace, shot detection, dialogue, final-mix check, chunk
-plans and the final assembly, plus the small helpers that name a film's output, workspace root and
+plans, the speaker-aware dub decisions (CPU, before any GPU work) and the final assembly, plus the small helpers that name a film's output, workspace root and
 artifact tag, and `NON_SHOT_CONFIG` (the config left out of the workspace key).
 
 Each task is one step over `tasks/` (media work) or `flows/workspace.py` (markers); nothing per shot or
@@ -27,10 +27,11 @@ from flows.workspace import (
     stable_hash,
 )
 from tasks.assemble import AudioSource, assemble
-from tasks.audio import check_mix, prepare_dialogue
+from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.config import PipelineConfig, load_config
 from tasks.plan import plan_film
 from tasks.probe import VideoInfo, probe
+from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tasks.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,34 @@ def plan_shots(shots: dict[str, Any], config: dict[str, Any], name: str = "") ->
     cfg = PipelineConfig.from_dict(config)
     sl = ShotList.from_dict(shots)
     return [p.to_dict() for p in plan_film(sl.shots, sl.fps, cfg.plan)]
+
+
+@task(task_run_name="speakers {name}")
+def decide_speakers(
+    video: dict[str, Any],
+    records: list[dict[str, Any]],
+    dialogue: dict[str, Any],
+    config: dict[str, Any],
+    work_dir: str,
+    name: str = "",
+) -> dict[int, dict[str, Any]]:
+    """Every shot's dub decision before any GPU work: the dub slice's speech, then who on screen speaks
+    (face analysis on the CPU, cached per shot under the run workspace's faces/ for the GPU workers)."""
+    cfg = PipelineConfig.from_dict(config)
+    info = VideoInfo.from_dict(video)
+    track = DialogueTrack.from_dict(dialogue)
+    logger = run_logger(log)
+    out: dict[int, dict[str, Any]] = {}
+    for r in records:
+        plan = r["plan"]
+        a, b = r["audio_range"]
+        d = decide_shot(
+            r["index"], plan["start_frame"], plan["end_frame"], info, read_samples(track, a, b),
+            track.sample_rate, cfg, faces_path(work_dir, r["index"]),
+        )  # fmt: skip
+        out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"])}
+        logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
+    return out
 
 
 @task(task_run_name="assemble {name}")

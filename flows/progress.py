@@ -89,7 +89,7 @@ class ShotProgress:
 
 def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
-    ``frames``, ``chunks``, ``backend``, ``status``, ``reason``."""
+    ``frames``, ``chunks``, ``backend``, ``status``, ``speaker``, ``score``, ``reason``."""
     rows = []
     for shot in shots:
         rows.append(
@@ -101,6 +101,8 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "chunks": shot.get("chunks", ""),
                 "backend": shot.get("backend", ""),
                 "status": shot.get("status", "pending"),
+                "speaker": shot.get("speaker", ""),
+                "score": shot.get("score", ""),
                 "reason": shot.get("reason") or "",
             }
         )
