@@ -75,45 +75,50 @@ def parse_overrides(raw: Mapping[Any, Any] | None) -> dict[int, str]:
     return out
 
 
-def _target(seg, faces: ShotFaces, uncertain: str, min_score: float) -> tuple[int | None, str]:
-    """(track to dub or None, status) of one speaker segment under the uncertainty policy."""
+def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
+    """(track to dub or None, ambiguous) of one speaker segment under the uncertainty policy; ambiguous:
+    another face moved its lips too (the policy picked the track)."""
     if seg.status == "none":
-        return None, "none"
-    sure = seg.status == "speaker" and seg.score >= min_score
-    if sure:
-        return seg.speaker, "speaker"
+        return None, False
+    if seg.status == "speaker":
+        return seg.speaker, False
     if uncertain == "skip":
-        return None, "uncertain"
+        return None, True
     if uncertain == "largest":
         visible = [
-            t
-            for t in faces.tracks
-            if not t.still and t.start_frame < seg.end_frame and t.end_frame > seg.start_frame
+            t for t in faces.tracks if not t.still and t.start_frame < seg.end_frame and t.end_frame > seg.start_frame
         ]
         if visible:
-            return max(visible, key=lambda t: t.side_px).id, "uncertain"
-    return seg.speaker, "uncertain"
+            return max(visible, key=lambda t: t.side_px).id, True
+    return seg.speaker, True
 
 
-def speaker_turns(
-    faces: ShotFaces, uncertain: str, min_score: float
-) -> list[tuple[int, int, int | None, float, str]]:
+def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[tuple[int, int, int | None, float, str]]:
     """[(start, end, track or None, score, status)] covering the shot: each segment reaches to the middle of
-    the gaps around it (the first from frame 0, the last to the end); equal neighbours are merged."""
+    the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
+    one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
+    too in one of its segments or its score is below ``min_score``."""
     if uncertain not in UNCERTAIN:
         raise ValueError(f"speaker.uncertain must be one of {UNCERTAIN}, got {uncertain!r}")
     segs = list(faces.segments)
-    out: list[list[Any]] = []
+    turns: list[list[Any]] = []  # [start, end, track, [(score, frames)], ambiguous]
     for i, seg in enumerate(segs):
         start = 0 if i == 0 else (segs[i - 1].end_frame + seg.start_frame) // 2
         end = faces.num_frames if i == len(segs) - 1 else (seg.end_frame + segs[i + 1].start_frame) // 2
-        track, status = _target(seg, faces, uncertain, min_score)
-        if out and out[-1][2] == track and out[-1][4] == status:
-            out[-1][1] = end
-            out[-1][3] = min(out[-1][3], seg.score)
+        track, ambiguous = _target(seg, faces, uncertain)
+        scored = (seg.score, seg.end_frame - seg.start_frame)
+        if turns and turns[-1][2] == track:  # the same speaker (or nobody) goes on: one turn
+            turns[-1][1] = end
+            turns[-1][3].append(scored)
+            turns[-1][4] = turns[-1][4] or ambiguous
         else:
-            out.append([start, end, track, seg.score, status])
-    return [tuple(x) for x in out]  # type: ignore[misc]
+            turns.append([start, end, track, [scored], ambiguous])
+    out = []
+    for start, end, track, scores, ambiguous in turns:
+        score = sum(s * n for s, n in scores) / max(1, sum(n for _, n in scores))
+        sure = not ambiguous and (track is None or score >= min_score)
+        out.append((start, end, track, round(score, 3), "speaker" if sure else "uncertain"))
+    return out
 
 
 def _why_not(faces: ShotFaces, turns: list[tuple]) -> str:

@@ -3,8 +3,9 @@
 Holds `MouthMeter`, fed one analysis frame at a time with the tracks' interpolated landmarks.  For each
 face it cuts a small grey patch around the mouth (placed by the two mouth-corner landmarks, sized by the
 face) and one around the eyes and nose, normalises them, and measures how much each differs from the
-previous frame's patch after the best shift of up to two patch pixels (so a head that moves or a crop
-that jitters does not count as lip motion).  Mouth activity = mouth change minus the upper-face change
+patch two frames back after the best shift of up to two patch pixels, relative to the patch's edge
+strength (so a head that moves, a crop that jitters or a photo under a camera move does not count as lip
+motion).  Mouth activity = mouth change minus the upper-face change
 (blinks, lighting, compression noise and residual head motion move both).  A face whose patches never
 change at all is a still picture (a poster, a photo, a paused screen).
 Must not decode media nor decide who speaks.
@@ -34,14 +35,17 @@ def _patch(gray: np.ndarray, cx: float, cy: float, w: float, h: float) -> np.nda
 
 
 def _change(prev: np.ndarray, cur: np.ndarray) -> float:
-    """Smallest mean absolute difference between cur's centre and prev shifted by up to SHIFT pixels."""
+    """How much cur's centre differs from prev after the best shift of up to SHIFT pixels, in units of the
+    patch's own edge strength: a sub-pixel shift changes a patch in proportion to its gradients (so a
+    moving photo, sharp or soft, reads about the same everywhere), lips that open and close do not."""
     ph, pw = PATCH
     c = cur[SHIFT : SHIFT + ph, SHIFT : SHIFT + pw]
     best = np.inf
     for dy in range(2 * SHIFT + 1):
         for dx in range(2 * SHIFT + 1):
             best = min(best, float(np.mean(np.abs(prev[dy : dy + ph, dx : dx + pw] - c))))
-    return best
+    edges = 0.5 * (float(np.mean(np.abs(np.diff(c, axis=0)))) + float(np.mean(np.abs(np.diff(c, axis=1)))))
+    return best / (edges + 0.05)
 
 
 def face_geometry(landmarks: np.ndarray, box: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

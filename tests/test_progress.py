@@ -89,6 +89,8 @@ def test_artifacts_of_a_run(tmp_path: Path):
         "chunks": 1,
         "backend": "fake",
         "status": "pending",
+        "speaker": "",
+        "score": "",
         "reason": "",
     }
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "OOM"
