@@ -21,15 +21,19 @@ SHIFT = 2  # the alignment search covers +-SHIFT patch pixels in x and y
 
 
 def _patch(gray: np.ndarray, cx: float, cy: float, w: float, h: float) -> np.ndarray | None:
-    """Grey patch of size (w, h) around (cx, cy), resized to PATCH plus a SHIFT margin; None if off-frame."""
+    """Grey patch of size (w, h) around (cx, cy) (moved inside the frame where it sticks out), resized to
+    PATCH plus a SHIFT margin; None when the frame is smaller than the patch."""
     ph, pw = PATCH
     sx, sy = w / pw, h / ph  # source pixels per patch pixel
     x0, x1 = cx - w / 2 - SHIFT * sx, cx + w / 2 + SHIFT * sx
     y0, y1 = cy - h / 2 - SHIFT * sy, cy + h / 2 + SHIFT * sy
     H, W = gray.shape
-    if x0 < 0 or y0 < 0 or x1 > W or y1 > H or w < 4 or h < 3:
+    if x1 - x0 > W or y1 - y0 > H or w < 4 or h < 3:
         return None
-    crop = gray[int(y0) : int(np.ceil(y1)), int(x0) : int(np.ceil(x1))]
+    dx = max(0.0, -x0) - max(0.0, x1 - W)  # a patch that sticks out of the frame is moved inside it
+    dy = max(0.0, -y0) - max(0.0, y1 - H)
+    x0, x1, y0, y1 = x0 + dx, x1 + dx, y0 + dy, y1 + dy
+    crop = gray[int(y0) : min(H, int(np.ceil(y1))), int(x0) : min(W, int(np.ceil(x1)))]
     out = cv2.resize(crop, (pw + 2 * SHIFT, ph + 2 * SHIFT), interpolation=cv2.INTER_AREA).astype(np.float32)
     return (out - out.mean()) / (out.std() + 4.0)
 

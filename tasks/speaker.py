@@ -61,7 +61,7 @@ def still_tracks(face_change: np.ndarray, settings: SpeakerSettings) -> np.ndarr
     out = np.zeros(face_change.shape[0], bool)
     for k, row in enumerate(face_change):
         vals = row[~np.isnan(row)]
-        out[k] = len(vals) == 0 or float(np.percentile(vals, 90)) < settings.still_face
+        out[k] = len(vals) > 0 and float(np.percentile(vals, 90)) < settings.still_face
     return out
 
 
