@@ -86,14 +86,18 @@ def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
         return None, True
     if uncertain == "largest":
         visible = [
-            t for t in faces.tracks if not t.still and t.start_frame < seg.end_frame and t.end_frame > seg.start_frame
+            t
+            for t in faces.tracks
+            if not t.still and t.start_frame < seg.end_frame and t.end_frame > seg.start_frame
         ]
         if visible:
             return max(visible, key=lambda t: t.side_px).id, True
     return seg.speaker, True
 
 
-def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[tuple[int, int, int | None, float, str]]:
+def speaker_turns(
+    faces: ShotFaces, uncertain: str, min_score: float
+) -> list[tuple[int, int, int | None, float, str]]:
     """[(start, end, track or None, score, status)] covering the shot: each segment reaches to the middle of
     the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
     one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips

@@ -79,9 +79,12 @@ def decide_shot(
     sample_rate: int,
     cfg: PipelineConfig,
     cache: Path | None = None,
+    *,
+    planned: bool = False,
 ) -> ShotDecision:
     """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
-    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file."""
+    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
+    ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
     mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
     speech = detect_speech(mono, sample_rate, cfg.speaker)
     faces = None
@@ -89,6 +92,10 @@ def decide_shot(
         if cache is not None and cache.is_file():
             faces = ShotFaces.from_dict(json.loads(cache.read_text()))
         else:
+            if planned:
+                log.warning(
+                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
+                )
             faces = shot_faces(info, start, end, mono, sample_rate, cfg)
             if cache is not None:
                 _write_json(cache, faces.to_dict())

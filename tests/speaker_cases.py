@@ -91,8 +91,12 @@ def cases() -> dict[str, Case]:
         Case("speaker_left", two_up(h[2], listener(1, n)), _audio(2, n), ((0, 4.8, "left"),)),
         Case("speaker_right", two_up(listener(1, n), h[3]), _audio(3, n), ((0, 4.8, "right"),)),
         Case("voice_over", two_up(listener(1, n), listener(5, n)), _audio(3, n), ((0, 4.8, None),)),
-        Case("poster_and_listener", two_up(np.repeat(h[2][30:31], n, 0), listener(1, n)), _audio(2, n),
-             ((0, 4.8, None),)),  # fmt: skip
+        Case(
+            "poster_and_listener",
+            two_up(np.repeat(h[2][30:31], n, 0), listener(1, n)),
+            _audio(2, n),
+            ((0, 4.8, None),),
+        ),  # fmt: skip
         Case("two_talking_left", two_up(h[2], h[3]), _audio(2, n), ((0, 4.8, "left"),), ambiguous=True),
         Case("two_talking_right", two_up(h[4], h[1]), _audio(1, n), ((0, 4.8, "right"),), ambiguous=True),
     ]
@@ -125,4 +129,15 @@ def side_of(box: tuple[int, int, int, int] | list[int]) -> str:
     return "left" if (box[0] + box[2]) / 2 < SIZE[1] / 2 else "right"
 
 
-__all__ = ["FPS", "SR", "Case", "cases", "encode", "faceless", "listener", "seed_audio", "seed_frames", "side_of"]
+__all__ = [
+    "FPS",
+    "SR",
+    "Case",
+    "cases",
+    "encode",
+    "faceless",
+    "listener",
+    "seed_audio",
+    "seed_frames",
+    "side_of",
+]

@@ -16,7 +16,9 @@ HW = (360, 640)
 
 def track(k: int, x: int, side: int = 80, still: bool = False, n: int = 100) -> TrackInfo:
     frames = tuple(range(0, n, 4))
-    return TrackInfo(k, 0, n, float(side), still, frames, tuple((x, 100, x + side, 100 + side) for _ in frames))
+    return TrackInfo(
+        k, 0, n, float(side), still, frames, tuple((x, 100, x + side, 100 + side) for _ in frames)
+    )
 
 
 def faces(tracks=(), segments=(), n: int = 100) -> ShotFaces:
@@ -36,14 +38,18 @@ def test_the_speaker_alone_is_dubbed_over_the_whole_shot():
     (r,) = d.regions
     assert (r.start_frame, r.end_frame, r.speaker, r.status) == (0, 100, 1, "speaker")
     x0, _, x1, _ = r.plan.box
-    assert x0 <= 400 and 520 <= x1  # the crop holds track 1's face, not track 0's
+    assert x0 <= 400 and x1 >= 520  # the crop holds track 1's face, not track 0's
 
 
 def test_nobody_on_screen_speaking_passes_the_shot_through():
-    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == Decision(False, "speaker off screen")
+    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == Decision(
+        False, "speaker off screen"
+    )
     assert decide_dub(0, SPEECH, faces((), [seg(0, 100, "none")]), REGION).reason == "no face found"
     posters = (track(0, 100, still=True),)
-    assert decide_dub(0, SPEECH, faces(posters, [seg(0, 100, "none")]), REGION).reason.startswith("only still faces")
+    assert decide_dub(0, SPEECH, faces(posters, [seg(0, 100, "none")]), REGION).reason.startswith(
+        "only still faces"
+    )
 
 
 def test_turn_taking_gives_one_region_per_turn_split_in_the_pause():
@@ -66,7 +72,9 @@ def test_uncertain_segments_follow_the_policy(policy, dub, speaker):
     d = decide_dub(0, SPEECH, faces(TWO, segs), REGION, uncertain=policy)
     assert d.dub == dub
     if dub:
-        assert d.regions[0].speaker == speaker and d.regions[0].status == "uncertain" and "uncertain" in d.reason
+        assert (
+            d.regions[0].speaker == speaker and d.regions[0].status == "uncertain" and "uncertain" in d.reason
+        )
     else:
         assert d.reason == "speaker uncertain (speaker.uncertain: skip)"
 
@@ -101,7 +109,9 @@ def test_overrides_win_over_policy_and_evidence():
     overrides = {2: "dub", "5": "SKIP"}
     forced = decide_dub(2, SILENT, faces(), REGION, policy="none", overrides=overrides)
     assert forced.dub and forced.reason == "forced by override" and forced.regions[0].plan.mode == "full"
-    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == Decision(False, "skipped by override")
+    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == Decision(
+        False, "skipped by override"
+    )
     assert decide_dub(4, SILENT, None, REGION, overrides=overrides) == Decision(False, SILENT.reason)
     with pytest.raises(ValueError, match="face analysis"):
         decide_dub(4, SPEECH, None, REGION)

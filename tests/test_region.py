@@ -147,7 +147,10 @@ def test_no_track_gives_the_full_frame_box():
 def test_box_is_stable_on_a_slowly_panning_clip():
     h, w, n = 240, 320, 30
     rng = np.random.default_rng(0)  # detector-like jitter of +-1 px on a face drifting left 1 px per frame
-    track = [(t, tuple(int(v) for v in np.array([150 - t, 40, 210 - t, 110]) + rng.integers(-1, 2, 4))) for t in range(0, n, 5)]
+    track = [
+        (t, tuple(int(v) for v in np.array([150 - t, 40, 210 - t, 110]) + rng.integers(-1, 2, 4)))
+        for t in range(0, n, 5)
+    ]
     cfg = RegionConfig(motion="follow")
     follow = plan_from_track(track, (h, w), n, len(track), cfg)
     assert follow.face_found and follow.frame_boxes is not None and len(follow.frame_boxes) == n

@@ -31,7 +31,10 @@ def decided(tmp_path_factory):
 
 def _dubbed_sides(d) -> list[tuple[int, int, str, str]]:
     """[(start, end, side, status)] of the dubbed regions."""
-    return [(r.start_frame, r.end_frame, side_of(r.plan.face_box or r.plan.box), r.status) for r in decision_regions(d)]
+    return [
+        (r.start_frame, r.end_frame, side_of(r.plan.face_box or r.plan.box), r.status)
+        for r in decision_regions(d)
+    ]
 
 
 @pytest.mark.parametrize("name", ["speaker_left", "speaker_right"])
@@ -43,7 +46,9 @@ def test_speaker_next_to_a_still_listener_is_dubbed_alone(decided, name):
     assert len(d.details["faces"]["tracks"]) == 2  # the listener is tracked too, just not dubbed
 
 
-@pytest.mark.parametrize(("name", "reason"), [("voice_over", "speaker off screen"), ("poster_and_listener", "speaker off screen")])
+@pytest.mark.parametrize(
+    ("name", "reason"), [("voice_over", "speaker off screen"), ("poster_and_listener", "speaker off screen")]
+)
 def test_nobody_on_screen_speaks(decided, name, reason):
     _, d = decided[name]
     assert not d.dub and d.reason == reason, d.reason

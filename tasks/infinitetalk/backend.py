@@ -175,13 +175,9 @@ class InfiniteTalkBackend:
         analysed here only when that file is missing), the policy."""
         self._bind(context.config)
         cache = faces_path(context.work_dir, plan.shot_index)
-        if not cache.is_file():
-            self.log.warning(
-                "shot %04d: no face analysis from planning (%s): analysing it here", plan.shot_index, cache
-            )
         d = decide_shot(
             plan.shot_index, plan.start_frame, plan.end_frame, context.video, shot_audio, sample_rate,
-            context.config, cache,
+            context.config, cache, planned=True,
         )  # fmt: skip
         if d.dub and self.tiny:
             d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
