@@ -18,7 +18,6 @@ from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.timeline import WAV2VEC_RATE
 from tasks.infinitetalk.tiny import tiny_hw
-from tasks.region import RegionConfig
 
 if TYPE_CHECKING:
     import torch
@@ -78,19 +77,6 @@ def resolve_options(
             "infinitetalk.vae_tile_px", f"must be a positive multiple of 32, got {opts.vae_tile_px}"
         )
     return opts
-
-
-def region_config(cfg: PipelineConfig) -> RegionConfig:
-    """`tasks.region.RegionConfig` from the pipeline config (the bucket table follows frames.bucket)."""
-    r = cfg.region
-    return RegionConfig(
-        mode=r.mode,
-        size=f"infinitetalk-{cfg.frames.bucket}",
-        motion=r.motion,
-        feather_px=r.feather_px,
-        expand_w=r.expand_w,
-        expand_h=r.expand_h,
-    )
 
 
 def resolve_device(name: str) -> str:
