@@ -194,14 +194,12 @@ def chunk_price(cfg: PipelineConfig, *, fallbacks: bool = False) -> ChunkPrice:
     if opts.mode == "tiny":
         precision = "float32"  # tiny mode always runs float32
     else:
-        # fp8 `auto` (the fast preset) is priced as on: the figures are an H200's, which has fp8
         precision = "fp8" if opts.fp8_compute else (opts.quant if opts.quant != "none" else opts.dtype)
         precision += "+fp8attn" if opts.fp8_attention else ""
     mode, est = opts.mode, cfg.estimate
-    vae_key = mode if mode == "tiny" or opts.vae_dtype == "float32" else f"{mode}+{opts.vae_dtype}"
     wanted = (  # (the figure's key under estimate:, its value, the cost: key of its stand-in)
         (f"dit_forward_s.{mode}.{precision}", _lookup(est.dit_forward_s.get(mode), precision), "fallback_dit_forward_s"),
-        (f"vae_chunk_s.{vae_key}", _lookup(est.vae_chunk_s, vae_key), "fallback_vae_chunk_s"),
+        (f"vae_chunk_s.{mode}", _lookup(est.vae_chunk_s, mode), "fallback_vae_chunk_s"),
         (f"load_s.{mode}", _lookup(est.load_s, mode), "fallback_load_s"),
     )  # fmt: skip
     values: list[float | None] = []
