@@ -40,7 +40,7 @@ from typing import Any
 
 from tasks.audio import DialogueTrack, read_samples
 
-RENDER_VERSION = 1  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 
 # Config that never changes a shot's pixels (output encoding, where files go, costs, fault injection) or
 # is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism and block
