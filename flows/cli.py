@@ -150,18 +150,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _write_plan_file(args: argparse.Namespace, cfg: Any) -> int:
-    """`dubflow plan --out`: the gate's decision (with the render's face sampling) per shot, as YAML."""
+    """`dubflow plan --out`: the gate's decision and its dubbed regions (speaker per turn) per shot, as YAML."""
     from fractions import Fraction
 
     from tasks.estimate import estimate_film
     from tasks.plan_file import plan_document, write_plan
 
-    est = estimate_film(args.source, args.audio, cfg, gate_samples=None)
+    est = estimate_film(args.source, args.audio, cfg)
     seed = int({**cfg.to_dict()["infinitetalk"], **cfg.backend.options}.get("seed", cfg.infinitetalk.seed))
-    shots = [
-        {**dataclasses.asdict(s), "seed": seed + s.index, "region": s.region if s.dub else None}
-        for s in est.shots
-    ]
+    shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
     doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
     print(write_plan(args.out, doc))
     return 0

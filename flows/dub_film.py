@@ -48,6 +48,7 @@ from flows.film_tasks import (
     apply_plan_file,
     assemble_film,
     check_final_mix,
+    decide_speakers,
     default_output,
     dialogue_wav,
     export_timeline,
@@ -205,11 +206,17 @@ def run_pipeline(
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
     needs_gpu = cfg.backend.name != "passthrough"
+    if needs_gpu:  # who speaks where, on the CPU here: GPU workers read the cached face analysis
+        decisions = runner.call(
+            decide_speakers, video, records, track.to_dict(), cfgd, str(ws.path), name=name
+        )
+        for r in records:
+            r["decision"] = decisions[r["index"]]
     cost = GpuCost.from_config(cfg, needs_gpu=needs_gpu)  # the `dubflow estimate` chunk price
     logger.info("group sizing: %s; load share <= %g", cost.describe(), cost.max_load_share)  # names stand-ins
     n_workers = runner.n_workers()
     groups = plan_groups(
-        [ShotCost(r["index"], cost.shot_s(ShotPlan.from_dict(r["plan"]))) for r in records],
+        [ShotCost(r["index"], _shot_cost(cost, r)) for r in records],
         n_workers=n_workers,
         model_load_s=cost.model_load_s,
         max_load_share=cost.max_load_share,
@@ -272,6 +279,16 @@ def run_pipeline(
     )  # fmt: skip
     logger.info("%s -> %s in %.1f s", source, final, t_end - t0)
     return final
+
+
+def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
+    """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
+    decision = record.get("decision")
+    return (
+        0.0
+        if decision is not None and not decision["dub"]
+        else cost.shot_s(ShotPlan.from_dict(record["plan"]))
+    )
 
 
 # ---------------------------------------------------------------------------------------- entries

@@ -1,6 +1,6 @@
 """The film-level tasks of `dub-film`: probe, workspace, shot detection, dialogue, final-mix check, chunk
-plans, shot keys and the final assembly, plus the small helpers that name a film's output, workspace root
-and artifact tag.
+plans, shot keys, the speaker-aware dub decisions (CPU, before any GPU work) and the final assembly,
+plus the small helpers that name a film's output, workspace root and artifact tag.
 
 Each task is one step over `tasks/` (media work) or `flows/workspace.py` (markers); nothing per shot or
 per group lives here (that is `flows/shot_task.py` and `flows/runners.py`), and no flow.
@@ -27,12 +27,13 @@ from flows.workspace import (
     stable_hash,
 )
 from tasks.assemble import AudioSource, assemble
-from tasks.audio import DialogueTrack, check_mix, prepare_dialogue
+from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.config import PipelineConfig, load_config
 from tasks.plan import plan_film
 from tasks.plan_file import plan_overrides
 from tasks.probe import VideoInfo, probe
 from tasks.render import PREVIEW_LABEL
+from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
 from tasks.timeline_export import film_timeline, write_timeline
@@ -166,6 +167,33 @@ def key_shots(
             context_s=cfg.workspace.audio_context_s,
         )
         out.append({**record, "key": inputs.key()})
+    return out
+
+
+@task(task_run_name="speakers {name}")
+def decide_speakers(
+    video: dict[str, Any],
+    records: list[dict[str, Any]],
+    dialogue: dict[str, Any],
+    config: dict[str, Any],
+    work_dir: str,
+    name: str = "",
+) -> dict[int, dict[str, Any]]:
+    """Every shot's dub decision before any GPU work, under its effective config (the shot's overrides
+    applied): the dub slice's speech, then who on screen speaks (face analysis on the CPU, cached under the
+    run workspace's faces/ by `tasks.shot_key.faces_key`, where the GPU workers and later runs find it)."""
+    info = VideoInfo.from_dict(video)
+    track = DialogueTrack.from_dict(dialogue)
+    logger = run_logger(log)
+    out: dict[int, dict[str, Any]] = {}
+    for r in records:
+        plan, (a, b) = r["plan"], r["audio_range"]
+        cfg = PipelineConfig.from_dict(shot_config(config, r.get("overrides")))
+        s, e = plan["start_frame"], plan["end_frame"]
+        cache = faces_path(work_dir, r["index"], s, e, cfg)
+        d = decide_shot(r["index"], s, e, info, read_samples(track, a, b), track.sample_rate, cfg, cache)
+        out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"])}
+        logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
     return out
 
 

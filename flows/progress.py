@@ -89,7 +89,8 @@ class ShotProgress:
 
 def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
-    ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``reason``."""
+    ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``speaker``,
+    ``score``, ``reason``."""
     rows = []
     for shot in shots:
         rows.append(
@@ -102,6 +103,8 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "backend": shot.get("backend", ""),
                 "status": shot.get("status", "pending"),
                 "reused": "yes" if shot.get("reused") else "",
+                "speaker": shot.get("speaker", ""),
+                "score": shot.get("score", ""),
                 "reason": shot.get("reason") or "",
             }
         )

@@ -65,8 +65,22 @@ def shot_rows(
             failed = read_shot_failed(ws, shot["index"], shot["key"])
             status = "failed" if failed else "planned"
             row |= {"backend": backend, "status": status, "reason": failed and failed.get("reason")}
+        row |= speaker_columns(shot.get("decision"))
+        if row["status"] == "planned" and not row["reason"] and shot.get("decision"):
+            row["reason"] = shot["decision"]["reason"]
         rows.append(row)
     return rows
+
+
+def speaker_columns(decision: dict[str, Any] | None) -> dict[str, Any]:
+    """The shot table's speaker (track ids per dubbed turn, "-" when nobody on screen is dubbed) and score."""
+    if not decision:
+        return {"speaker": "", "score": ""}
+    regions = decision.get("regions") or []
+    if not regions:
+        return {"speaker": "-", "score": ""}
+    who = " -> ".join("?" if r["speaker"] is None else str(r["speaker"]) for r in regions)
+    return {"speaker": who, "score": round(min(float(r["score"]) for r in regions), 2)}
 
 
 def reused_shots(rows: list[dict[str, Any]]) -> set[int]:

@@ -200,6 +200,30 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class SpeakerConfig:
+    """Faces on film and the active speaker (tasks.face_analysis, tasks.speaker), and the VAD (tasks.vad)."""
+
+    detect_every: int  # the face detector runs on every k-th frame; boxes are interpolated in between
+    detect_max_side: int  # analysis frames (display orientation) are downscaled to this longest side
+    detect_threshold: float  # YuNet confidence
+    min_face_px: float  # smaller faces (analysis pixels, short side) are ignored
+    track_max_miss: int  # detection samples a track may miss before it ends
+    activity_on: float  # mouth activity above this: the lips move
+    still_face: float  # face change below this (90th percentile): a still picture, never a speaker
+    smooth_s: float
+    step_s: float
+    switch_penalty: float
+    contrast_min: float
+    uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
+    min_score: float  # a speaker segment scoring below this counts as uncertain
+    vad_threshold: float
+    vad_min_speech_s: float
+    vad_min_silence_s: float
+    vad_pad_s: float
+    min_speech_s: float  # a dub slice "has speech" when its VAD segments add up to this
+
+
+@dataclass(frozen=True)
 class QcSettings:
     """Per dubbed shot: side-by-side preview + contact sheet in the run workspace."""
 
@@ -241,6 +265,7 @@ class PipelineConfig:
     presets: PresetsConfig
     region: RegionSettings
     gate: GateConfig
+    speaker: SpeakerConfig
     qc: QcSettings
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig

@@ -1,8 +1,8 @@
 """`dubflow estimate`: what a film will cost before any GPU work, and the chunk price groups are sized by.
 
 Probes the film, finds its shots, plans their chunks and runs the dub gate on each shot (speech in the
-dub track's slice; a face in a few decoded frames, only for shots with speech), then prices the dubbed
-shots' chunks with the benchmark figures of the config's `estimate` section:
+dub track's slice; for shots with speech, the face analysis: who on screen speaks, `tasks.shot_decision`),
+then prices the dubbed shots' chunks with the benchmark figures of the config's `estimate` section:
 
     GPU s = load_s + sum over chunks of (steps run x guidance branches x dit_forward_s + vae_chunk_s) x scale
 
@@ -25,15 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tasks.config import PipelineConfig
 from tasks.errors import ConfigError
 from tasks.plan import ShotPlan
 
 log = logging.getLogger(__name__)
-
-GATE_SAMPLES = 4  # frames decoded per shot for the face check
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,8 @@ class ShotEstimate:
     reason: str
     chunks: int
     gpu_s: float
-    region: tuple[int, int, int, int] | None = None  # the crop box (source pixels) when a face was planned
+    # dubbed regions: [{"start_frame", "end_frame" (film frames), "box" (display pixels), "speaker", "score"}]
+    regions: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +54,8 @@ class FilmEstimate:
     source: str
     frames: int
     fps: str
+    display_width: int
+    display_height: int
     mode: str
     precision: str
     steps: int
@@ -78,7 +77,7 @@ class FilmEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["shots"] = [dataclasses.asdict(s) for s in self.shots]
+        d["shots"] = [{**dataclasses.asdict(s), "regions": list(s.regions)} for s in self.shots]
         d["missing"] = list(self.missing)
         d["dubbed_shots"] = len(self.dubbed)
         d["passthrough_shots"] = len(self.shots) - len(self.dubbed)
@@ -239,18 +238,12 @@ def _check(value: Any, section: str, key: str) -> float:
     return float(value)
 
 
-def estimate_film(
-    source: str | Path, audio: str | Path, cfg: PipelineConfig, *, gate_samples: int | None = GATE_SAMPLES
-) -> FilmEstimate:
-    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`.
-
-    `gate_samples`: frames decoded per shot for the face check (None: as many as the render's gate).
-    """
+def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
+    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
-    from tasks.frames import ModelGeometry, read_frames  # noqa: PLC0415
-    from tasks.infinitetalk import decide_shot, region_config  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
     from tasks.probe import probe  # noqa: PLC0415
+    from tasks.shot_decision import decide_shot, regions_json  # noqa: PLC0415
     from tasks.shots import detect_shots  # noqa: PLC0415
 
     price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
@@ -265,39 +258,24 @@ def estimate_film(
     samples = conform(samples, decision)
     edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
     bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
-    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
-    region = region_config(cfg)
-    if gate_samples is not None:
-        region = dataclasses.replace(region, max_samples=gate_samples)
 
     out = []
     for shot, plan, (a, b) in zip(shots.shots, plans, bounds, strict=True):
-        s0 = shot.start_frame
-
-        def frames_fn(indices: list[int], s0: int = s0) -> dict[int, np.ndarray]:
-            got = read_frames(info, [s0 + i for i in indices])
-            return {i: geometry.to_display(got[s0 + i]) for i in indices}
-
         d = decide_shot(
-            shot.index, samples[a:b], cfg.audio.sample_rate, shot.num_frames, frames_fn, cfg.gate, region
+            shot.index, shot.start_frame, shot.end_frame, info, samples[a:b], cfg.audio.sample_rate, cfg
         )
         gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
-        box = (d.details.get("region") or {}).get("box")
+        regions = tuple(regions_json(d, shot.start_frame))
         out.append(
             ShotEstimate(
-                shot.index,
-                shot.start_frame,
-                shot.end_frame,
-                d.dub,
-                d.reason,
-                len(plan.chunks),
-                gpu,
-                tuple(box) if box else None,
-            )  # fmt: skip
+                shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu, regions
+            )
         )
         log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
+    width, height = info.display_size
     return FilmEstimate(
-        source=str(source), frames=shots.frame_count, fps=str(shots.fps), mode=price.mode,
-        precision=price.precision, steps=price.steps, branches=price.branches, dit_forward_s=price.dit_forward_s,
-        vae_chunk_s=price.vae_chunk_s, load_s=price.load_s, shots=tuple(out), missing=price.missing,
+        source=str(source), frames=shots.frame_count, fps=str(shots.fps), display_width=width,
+        display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
+        branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
+        load_s=price.load_s, shots=tuple(out), missing=price.missing,
     )  # fmt: skip

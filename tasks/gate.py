@@ -1,31 +1,61 @@
-"""Per-shot dub decision: speech in the dub track + a face to animate, a global policy and per-shot overrides.
+"""Per-shot dub decision: speech in the dub track + who speaks on screen, a global policy and per-shot overrides.
 
-The reason string is shown as-is in the shot table ("why dubbed / why not"), so it is short and specific.
+A shot is dubbed when the dub track speaks in it and someone on screen says the source's lines: only the
+speaking track's region is dubbed (one `DubRegion` per speaker turn); a shot whose speech nobody on screen
+says (voice-over, off-screen speaker, listeners only, posters) is passed through.  Uncertain speaker
+segments follow `speaker.uncertain` (most_likely | skip | largest).  The reason string is shown as-is in the
+shot table ("why dubbed / why not"), so it is short and specific.
+Must not decode media nor run models: it reads the speech verdict and the shot's face analysis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.region import RegionPlan
+from tasks.face_analysis import ShotFaces
+from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_track
 from tasks.speech import SpeechInfo
 
 POLICIES = ("auto", "all", "none")
 OVERRIDES = ("dub", "skip")
+UNCERTAIN = ("most_likely", "skip", "largest")
+
+
+@dataclass(frozen=True)
+class DubRegion:
+    """Shot frames [start_frame, end_frame) dubbed in ``plan``'s box around ``speaker`` (display pixels)."""
+
+    start_frame: int
+    end_frame: int
+    speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
+    score: float
+    status: str  # speaker | uncertain | forced
+    plan: RegionPlan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DubRegion:
+        spk = d.get("speaker")
+        plan = RegionPlan.from_dict(d["plan"])
+        return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
+                   float(d["score"]), str(d["status"]), plan)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a shot is dubbed, and why."""
+    """Whether a shot is dubbed, why, and where (one region per speaker turn)."""
 
     dub: bool
     reason: str
+    regions: tuple[DubRegion, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return asdict(self)
+        return {"dub": self.dub, "reason": self.reason, "regions": [r.to_dict() for r in self.regions]}
 
 
 def parse_overrides(raw: Mapping[Any, Any] | None) -> dict[int, str]:
@@ -45,41 +75,144 @@ def parse_overrides(raw: Mapping[Any, Any] | None) -> dict[int, str]:
     return out
 
 
+def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
+    """(track to dub or None, ambiguous) of one speaker segment under the uncertainty policy; ambiguous:
+    another face moved its lips too (the policy picked the track)."""
+    if seg.status == "none":
+        return None, False
+    if seg.status == "speaker":
+        return seg.speaker, False
+    if uncertain == "skip":
+        return None, True
+    if uncertain == "largest":
+        visible = [
+            t
+            for t in faces.tracks
+            if not t.still and t.start_frame < seg.end_frame and t.end_frame > seg.start_frame
+        ]
+        if visible:
+            return max(visible, key=lambda t: t.side_px).id, True
+    return seg.speaker, True
+
+
+def speaker_turns(
+    faces: ShotFaces, uncertain: str, min_score: float
+) -> list[tuple[int, int, int | None, float, str]]:
+    """[(start, end, track or None, score, status)] covering the shot: each segment reaches to the middle of
+    the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
+    one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
+    too in one of its segments or its score is below ``min_score``."""
+    if uncertain not in UNCERTAIN:
+        raise ValueError(f"speaker.uncertain must be one of {UNCERTAIN}, got {uncertain!r}")
+    segs = list(faces.segments)
+    turns: list[list[Any]] = []  # [start, end, track, [(score, frames)], ambiguous]
+    for i, seg in enumerate(segs):
+        start = 0 if i == 0 else (segs[i - 1].end_frame + seg.start_frame) // 2
+        end = faces.num_frames if i == len(segs) - 1 else (seg.end_frame + segs[i + 1].start_frame) // 2
+        track, ambiguous = _target(seg, faces, uncertain)
+        scored = (seg.score, seg.end_frame - seg.start_frame)
+        if turns and turns[-1][2] == track:  # the same speaker (or nobody) goes on: one turn
+            turns[-1][1] = end
+            turns[-1][3].append(scored)
+            turns[-1][4] = turns[-1][4] or ambiguous
+        else:
+            turns.append([start, end, track, [scored], ambiguous])
+    out = []
+    for start, end, track, scores, ambiguous in turns:
+        score = sum(s * n for s, n in scores) / max(1, sum(n for _, n in scores))
+        sure = not ambiguous and (track is None or score >= min_score)
+        out.append((start, end, track, round(score, 3), "speaker" if sure else "uncertain"))
+    return out
+
+
+def _why_not(faces: ShotFaces, turns: list[tuple]) -> str:
+    if not faces.tracks:
+        return "no face found"
+    if all(t.still for t in faces.tracks):
+        return "only still faces (poster, photo or screen)"
+    if any(status == "uncertain" for *_, status in turns):
+        return "speaker uncertain (speaker.uncertain: skip)"
+    return "speaker off screen"
+
+
 def decide_dub(
     shot_index: int,
     speech: SpeechInfo,
-    region: RegionPlan,
+    faces: ShotFaces | None,
+    region: RegionConfig,
+    *,
     policy: str = "auto",
     overrides: Mapping[Any, Any] | None = None,
     require_face: bool = True,
+    uncertain: str = "most_likely",
+    min_score: float = 0.0,
 ) -> Decision:
-    """Decide whether to dub one shot.
+    """Decide whether and where to dub one shot.
 
-    Order: a per-shot override wins; then policy "all" / "none"; then "auto": dub iff the dub track has speech
-    and a face was found (``require_face=False`` lets full-frame mode dub faceless shots, e.g. a narrator
-    walking out of frame).
+    Order: a per-shot override wins; then policy "all" / "none"; then "auto": the dub track must speak,
+    then someone on screen must say the source's lines (``require_face=False`` lets full-frame mode dub
+    speech shots without a face).  ``faces`` may be None only when the decision cannot depend on it.
     """
     if policy not in POLICIES:
         raise ValueError(f"dub policy must be one of {POLICIES}, got {policy!r}")
     action = parse_overrides(overrides).get(shot_index)
-    if action == "dub":
-        return Decision(True, "forced by override")
     if action == "skip":
         return Decision(False, "skipped by override")
-    if policy == "all":
-        return Decision(True, "policy: dub all shots")
-    if policy == "none":
+    if policy == "none" and action != "dub":
         return Decision(False, "policy: dub no shots")
-    if not speech.has_speech:
+    forced = "forced by override" if action == "dub" else "policy: dub all shots" if policy == "all" else None
+    if forced is None and not speech.has_speech:
         return Decision(
             False, speech.reason if speech.reason.startswith("no speech") else "no speech in dub track"
         )
+    if faces is None:
+        raise ValueError(f"shot {shot_index}: the decision needs the shot's face analysis")
+    turns = speaker_turns(faces, uncertain, min_score)
+    regions = tuple(_region(faces, a, b, t, sc, st, region) for a, b, t, sc, st in turns if t is not None)
+    if forced is not None:
+        return Decision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
     pct = f"speech {speech.speech_ratio:.0%}"
-    if region.face_found:
-        return Decision(True, f"{pct} + face")
+    if regions:
+        who = " -> ".join(f"track {r.speaker}" for r in regions)
+        sure = all(r.status == "speaker" for r in regions)
+        tag = "speaker" if sure else f"speaker uncertain, {uncertain.replace('_', ' ')}"
+        return Decision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
     if region.mode == "full" and not require_face:
-        return Decision(True, f"{pct}, full frame (no face needed)")
-    return Decision(False, "no face found" if region.detections == 0 else "no steady face found")
+        return Decision(True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),))
+    return Decision(False, _why_not(faces, turns))
 
 
-__all__ = ["OVERRIDES", "POLICIES", "Decision", "decide_dub", "parse_overrides"]
+def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
+    """The whole shot around its largest moving face (or the full-frame box without one)."""
+    live = [t for t in faces.tracks if not t.still] or list(faces.tracks)
+    track = max(live, key=lambda t: t.side_px).id if live else None
+    return _region(faces, 0, faces.num_frames, track, 0.0, status, cfg)
+
+
+def _region(
+    faces: ShotFaces, start: int, end: int, track: int | None, score: float, status: str, cfg: RegionConfig
+) -> DubRegion:
+    """The dub box of frames [start, end) around ``track`` (tasks.region geometry, display pixels)."""
+    samples: list[tuple[int, Box]] = []
+    n_samples = len(range(0, end - start, max(1, faces.step_frames)))
+    if track is not None:
+        tr = faces.track(track)
+        samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
+        n_samples = max(1, len(samples))
+    plan = plan_from_track(samples or None, faces.display_hw, end - start, n_samples, cfg)
+    if track is None and cfg.mode != "full":
+        box, bucket = full_frame_box(faces.display_hw, cfg.size)
+        plan = RegionPlan("full", box, bucket, False, 0, "no face: full frame", faces.display_hw, end - start)
+    return DubRegion(start, end, track, round(score, 3), status, plan)
+
+
+__all__ = [
+    "OVERRIDES",
+    "POLICIES",
+    "UNCERTAIN",
+    "Decision",
+    "DubRegion",
+    "decide_dub",
+    "parse_overrides",
+    "speaker_turns",
+]

@@ -1,6 +1,7 @@
 """The editable shot plan (`dubflow plan FILM --audio DUB --out plan.yaml`): per shot its timecodes, the
-automatic dub decision and why, the crop region the gate chose and the seed, plus blank override fields an
-editor fills in; `dubflow dub ... --plan plan.yaml` applies them as each shot's own config overrides.
+automatic dub decision and why, the regions the gate chose (one per speaker turn: frames, box in display
+pixels, speaker track, score; `tasks.shot_decision.regions_json`, as in `dubflow estimate --json`) and the
+seed, plus blank override fields an editor fills in; `dubflow dub ... --plan plan.yaml` applies them as each shot's own config overrides.
 
 Override fields (null / `auto` = the automatic choice): `dub` (auto | yes | no), `speaker` and `crop`
 (kept for speaker-aware dubbing; a value set there is an error until it lands), `prompt`, `seed` (the
@@ -26,8 +27,8 @@ from tasks.errors import ConfigError
 FORMAT = "dubflow-shot-plan/1"
 OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file's legend)
     "dub": "auto | yes | no",
-    "speaker": "which speaker's lips (speaker-aware dubbing; not applied yet)",
-    "crop": "[x0, y0, x1, y1] source pixels (not applied yet)",
+    "speaker": "which face track's lips (a speaker id of auto.regions; not applied yet)",
+    "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes (not applied yet)",
     "prompt": "text prompt for this shot",
     "seed": "this shot's sampler seed (automatic: infinitetalk.seed + shot index)",
     "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
@@ -54,7 +55,8 @@ def timecode(frame: int, fps: Fraction) -> str:
 def plan_document(
     film: str, audio: str, fps: Fraction, frame_count: int, shots: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The plan as a YAML-ready mapping. `shots`: index, start_frame, end_frame, dub, reason, region, seed."""
+    """The plan as a YAML-ready mapping. `shots`: index, start_frame, end_frame, dub, reason, regions (the
+    estimate's: start_frame, end_frame, box, speaker, score, status), seed."""
     entries = []
     for s in shots:
         entries.append(
@@ -67,8 +69,7 @@ def plan_document(
                 "auto": {
                     "dub": bool(s["dub"]),
                     "reason": s["reason"],
-                    "region": list(s["region"]) if s.get("region") else None,
-                    "speaker": None,
+                    "regions": [_region(r) for r in s.get("regions") or ()],
                     "seed": s["seed"],
                 },
                 "override": {name: ("auto" if name == "dub" else None) for name in OVERRIDES},
@@ -82,6 +83,11 @@ def plan_document(
         "frame_count": frame_count,
         "shots": entries,
     }
+
+
+def _region(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One dubbed region as plain YAML values (the box a list, the score a float)."""
+    return {**r, "box": [int(v) for v in r["box"]], "score": float(r["score"])}
 
 
 def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:

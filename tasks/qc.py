@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import imageio_ffmpeg
@@ -248,11 +249,14 @@ def write_qc(
     cfg: QcConfig | None = None,
     num_frames: int | None = None,
     audio: str | os.PathLike[str] | None = None,
+    overlay: Any | None = None,
 ) -> QcResult:
     """Write ``<stem>_preview.mp4`` and ``<stem>_sheet.png`` in one pass over the frame pairs.
 
     ``num_frames`` is needed when the frames come from a generator (to spread the sheet's samples);
-    ``audio`` (e.g. the shot's dub slice as wav) is muxed into the preview when given.
+    ``audio`` (e.g. the shot's dub slice as wav) is muxed into the preview when given; ``overlay`` (a
+    `tasks.qc_overlay.SpeakerOverlay`) marks the sheet's source frames with the face tracks and the dubbed
+    speaker and adds the speech timeline under the sheet.
     """
     cfg = cfg or QcConfig()
     total = _count(source_frames, num_frames)
@@ -269,11 +273,14 @@ def write_qc(
                 _put_label(frame, cfg.title)
             writer.write(frame)
             if t in wanted:
-                picked.append((t, fit_height(src, cfg.thumb_height), fit_height(dub, cfg.thumb_height)))
+                marked = overlay.annotate(t, src) if overlay is not None else src
+                picked.append((t, fit_height(marked, cfg.thumb_height), fit_height(dub, cfg.thumb_height)))
         if writer.frames != total:
             raise ValueError(f"expected {total} frame pairs for {stem}, got {writer.frames}")
         preview = writer.close()
     grid = contact_sheet(picked, cfg.sheet_cols, cfg.thumb_height, cfg.label)
+    if overlay is not None:
+        grid = np.concatenate([grid, overlay.timeline(grid.shape[1])], axis=0)
     if cfg.title:
         _put_label(grid, cfg.title)
     sheet = write_png(grid, out / f"{stem}_sheet.png")

@@ -1,8 +1,8 @@
-"""Region dubbing geometry: find the speaker's face, plan a steady bucket-aspect crop, crop and composite back.
+"""Region dubbing geometry: a steady bucket-aspect crop around the speaker's face track, crop and composite back.
 
 InfiniteTalk generates video at a fixed set of bucket sizes.  Dubbing a whole film frame at 480p/720p loses
 detail and re-renders pixels that do not need to change, so the default is to dub only a head-and-shoulders
-crop around the main speaker: the crop box is snapped to a bucket aspect (so it resizes to the bucket with no
+crop around the speaker (whose face track `tasks.face_analysis` finds and `tasks.gate` picks): the crop box is snapped to a bucket aspect (so it resizes to the bucket with no
 extra cropping), held steady over the shot, and the dubbed crop is blended back with a feathered border.
 Every pixel outside the box stays bit-identical to the source.
 
@@ -12,18 +12,15 @@ Boxes are ``(x0, y0, x1, y1)`` half-open integer source-pixel coordinates.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import cv2
 import numpy as np
 
 from tasks.frames import BUCKET_TABLES, choose_bucket
-
-log = logging.getLogger(__name__)
 
 Box = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open, source pixels
 
@@ -49,11 +46,7 @@ class RegionConfig:
 
     mode: str = "region"  # "region": head-and-shoulders crop; "full": whole frame like the official code
     size: str = "infinitetalk-480"  # bucket table
-    sample_every: int = 5  # run the detector on every k-th frame ...
-    max_samples: int = 16  # ... but on at most this many frames (when the frame count is known)
-    detect_max_side: int = 384  # frames are downscaled to this longest side for detection
-    min_face_frac: float = 0.06  # ignore faces smaller than this fraction of the frame's short side
-    min_track_frac: float = 0.3  # the main face must be seen in this fraction of sampled frames
+    min_track_frac: float = 0.3  # the speaker's face must be seen in this fraction of the detection frames
     expand_w: float = 2.6  # crop width = face width * expand_w (before bucket snapping)
     expand_h: float = 3.0  # crop height = face height * expand_h
     shift_down: float = 0.35  # crop centre sits this many face heights below the face centre
@@ -70,8 +63,8 @@ class RegionConfig:
         if self.motion not in ("auto", "static", "follow"):
             raise ValueError(f"RegionConfig.motion must be 'auto', 'static' or 'follow', got {self.motion!r}")
         bucket_table_name(self.size)
-        if self.sample_every < 1 or self.max_samples < 1 or self.smooth_window < 1:
-            raise ValueError("RegionConfig.sample_every, max_samples and smooth_window must be >= 1")
+        if self.smooth_window < 1:
+            raise ValueError("RegionConfig.smooth_window must be >= 1")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ValueError(f"RegionConfig.ema_alpha must be in (0, 1], got {self.ema_alpha}")
         if self.feather_px < 0:
@@ -86,12 +79,12 @@ class RegionPlan:
     box: Box  # the shot's box; in follow mode the median of the per-frame boxes
     bucket: tuple[int, int]  # model size (h, w); box aspect equals bucket aspect within a pixel
     face_found: bool
-    detections: int  # face detections on the main track (0 without a face)
+    detections: int  # face detections on the speaker's track (0 without a face)
     reason: str
     frame_size: tuple[int, int] = (0, 0)  # source (H, W)
     num_frames: int = 0
     frame_boxes: tuple[Box, ...] | None = None  # per-frame boxes (same size) when the crop follows the face
-    face_box: Box | None = None  # median face box of the main track
+    face_box: Box | None = None  # median face box of the speaker's track
 
     def box_at(self, t: int) -> Box:
         """Crop box of frame ``t``."""
@@ -126,165 +119,10 @@ def _as_box(b: Sequence[Any]) -> Box:
     return (int(b[0]), int(b[1]), int(b[2]), int(b[3]))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Face detection
-
-
-class FaceDetector(Protocol):
-    """Finds faces in a grey image ``(H, W)`` float32 in [0, 1]; returns boxes in that image's pixels."""
-
-    def __call__(self, gray: np.ndarray) -> list[Box]: ...
-
-
-class LbpFaceDetector:
-    """OpenCV's LBP frontal-face cascade as shipped and evaluated by scikit-image (no download, no cv2 cascade).
-
-    OpenCV 5 no longer ships ``CascadeClassifier`` nor the Haar cascade files, so the cascade comes from
-    scikit-image's package data.
-    """
-
-    def __init__(
-        self,
-        scale_factor: float = 1.2,
-        min_neighbours: int = 6,
-        min_size: int = 24,
-        mirror_check: bool = True,
-    ) -> None:
-        from skimage import data
-        from skimage.feature import Cascade
-
-        self._cascade = Cascade(data.lbp_frontal_face_cascade_filename())
-        self.scale_factor = scale_factor
-        self.min_neighbours = min_neighbours
-        self.min_size = min_size
-        self.mirror_check = mirror_check
-
-    def _detect(self, gray: np.ndarray) -> list[Box]:
-        h, w = gray.shape
-        found = self._cascade.detect_multi_scale(
-            img=np.ascontiguousarray(gray, dtype=np.float32),
-            scale_factor=self.scale_factor,
-            step_ratio=1,
-            min_size=(self.min_size, self.min_size),
-            max_size=(h, w),
-            min_neighbor_number=self.min_neighbours,
-        )
-        return [(d["c"], d["r"], d["c"] + d["width"], d["r"] + d["height"]) for d in found]
-
-    def __call__(self, gray: np.ndarray) -> list[Box]:
-        if min(gray.shape) < self.min_size:
-            return []
-        boxes = self._detect(gray)
-        if not self.mirror_check or not boxes:
-            return boxes
-        # Faces are roughly symmetric: a true face is found again in the mirrored image at the mirrored place,
-        # most cascade false positives on texture are not.  Costs one more pass only when something was found.
-        w = gray.shape[1]
-        mirrored = [(w - x1, y0, w - x0, y1) for x0, y0, x1, y1 in self._detect(gray[:, ::-1])]
-        return [b for b in boxes if any(_iou(b, m) >= 0.4 for m in mirrored)]
-
-
 def _to_frames(frames: np.ndarray | Iterable[np.ndarray]) -> Iterable[np.ndarray]:
     if isinstance(frames, np.ndarray) and (frames.ndim != 4 or frames.shape[-1] != 3):
         raise ValueError(f"frames array must be (T, H, W, 3), got shape {frames.shape}")
     return frames
-
-
-def _check_frame(frame: np.ndarray, size: tuple[int, int] | None) -> tuple[int, int]:
-    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
-        raise ValueError(f"frame must be (H, W, 3) uint8, got {frame.shape} {frame.dtype}")
-    hw = (frame.shape[0], frame.shape[1])
-    if size is not None and hw != size:
-        raise ValueError(f"frame size changed within the shot: {size} -> {hw}")
-    return hw
-
-
-def detect_samples(
-    frames: np.ndarray | Iterable[np.ndarray],
-    detector: FaceDetector,
-    cfg: RegionConfig,
-    num_frames: int | None = None,
-) -> tuple[list[tuple[int, list[Box]]], tuple[int, int], int]:
-    """Run ``detector`` on a subsample of the frames.
-
-    Returns ``([(frame_index, face boxes in source pixels)], (H, W), frame_count)``; tiny faces are dropped.
-    """
-    frames = _to_frames(frames)
-    if num_frames is None and hasattr(frames, "__len__"):
-        num_frames = len(frames)  # type: ignore[arg-type]
-    stride = cfg.sample_every
-    if num_frames:
-        stride = max(stride, math.ceil(num_frames / cfg.max_samples))
-    samples: list[tuple[int, list[Box]]] = []
-    size: tuple[int, int] | None = None
-    count = 0
-    for t, frame in enumerate(frames):
-        size = _check_frame(frame, size)
-        count = t + 1
-        if t % stride:
-            continue
-        h, w = size
-        scale = min(1.0, cfg.detect_max_side / max(h, w))
-        gray = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)
-        if scale < 1.0:
-            gray = cv2.resize(gray, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_AREA)
-        min_side = cfg.min_face_frac * min(h, w)
-        boxes = []
-        for x0, y0, x1, y1 in detector(gray.astype(np.float32) / 255.0):
-            b = (round(x0 / scale), round(y0 / scale), round(x1 / scale), round(y1 / scale))
-            if min(b[2] - b[0], b[3] - b[1]) >= min_side:
-                boxes.append(b)
-        samples.append((t, boxes))
-    if size is None:
-        raise ValueError("shot has no frames")
-    return samples, size, count
-
-
-def _iou(a: Box, b: Box) -> float:
-    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
-def link_tracks(
-    samples: list[tuple[int, list[Box]]], min_iou: float = 0.2, max_gap: int = 3
-) -> list[list[tuple[int, Box]]]:
-    """Greedy IoU linking of per-sample detections into face tracks (a track may skip ``max_gap`` samples)."""
-    tracks: list[list[tuple[int, Box]]] = []
-    last_sample: list[int] = []
-    for si, (t, boxes) in enumerate(samples):
-        taken: set[int] = set()
-        for box in sorted(boxes, key=lambda b: -(b[2] - b[0]) * (b[3] - b[1])):
-            best, best_iou = -1, min_iou
-            for k, tr in enumerate(tracks):
-                if k in taken or si - last_sample[k] > max_gap + 1:
-                    continue
-                score = _iou(tr[-1][1], box)
-                if score >= best_iou:
-                    best, best_iou = k, score
-            if best < 0:
-                tracks.append([(t, box)])
-                last_sample.append(si)
-                taken.add(len(tracks) - 1)
-            else:
-                tracks[best].append((t, box))
-                last_sample[best] = si
-                taken.add(best)
-    return tracks
-
-
-def main_track(tracks: list[list[tuple[int, Box]]]) -> list[tuple[int, Box]] | None:
-    """The main speaker: the track with the largest (detections x median face side)."""
-    if not tracks:
-        return None
-
-    def score(tr: list[tuple[int, Box]]) -> float:
-        sides = [min(b[2] - b[0], b[3] - b[1]) for _, b in tr]
-        return len(tr) * float(np.median(sides))
-
-    return max(tracks, key=score)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -439,20 +277,39 @@ def plan_from_track(
     )
 
 
-def plan_region(
-    frames: np.ndarray | Iterable[np.ndarray],
-    cfg: RegionConfig | None = None,
-    detector: FaceDetector | None = None,
-    num_frames: int | None = None,
-) -> RegionPlan:
-    """Detect the main speaker over a shot and plan its dub crop (or the full-frame box in "full" mode)."""
-    cfg = cfg or RegionConfig()
-    detector = detector or LbpFaceDetector()
-    samples, frame_hw, count = detect_samples(frames, detector, cfg, num_frames)
-    track = main_track(link_tracks(samples))
-    plan = plan_from_track(track, frame_hw, count, len(samples), cfg)
-    log.debug("region plan: %s", plan.reason)
-    return plan
+def combine_regions(
+    parts: Sequence[tuple[int, int, RegionPlan]], num_frames: int
+) -> tuple[RegionPlan, tuple[bool, ...] | None]:
+    """One plan for a shot dubbed in several regions (one per speaker turn, frames [start, end) each).
+
+    Returns the plan (per-frame boxes, all of the largest part's size and bucket, each centred where its
+    part's box is; frames outside every part keep the nearest part's box) and the per-frame mask of the
+    frames that are dubbed (None: all of them, a single part covering the shot is returned unchanged).
+    """
+    if not parts:
+        raise ValueError("combine_regions needs at least one region")
+    if len(parts) == 1 and parts[0][0] == 0 and parts[0][1] >= num_frames:
+        return parts[0][2], None
+    if any(p.mode == "full" for _, _, p in parts):  # full frame: one box anyway, only the mask differs
+        covered = tuple(any(a <= t < b for a, b, _ in parts) for t in range(num_frames))
+        return parts[0][2], covered
+    big = max((p for _, _, p in parts), key=lambda p: (p.box[2] - p.box[0]) * (p.box[3] - p.box[1]))
+    hw = (big.box[3] - big.box[1], big.box[2] - big.box[0])
+    boxes: list[Box] = []
+    covered_list: list[bool] = []
+    for t in range(num_frames):
+        inside = [(a, b, p) for a, b, p in parts if a <= t < b]
+        a, _, p = inside[0] if inside else min(parts, key=lambda q: min(abs(t - q[0]), abs(t - (q[1] - 1))))
+        x0, y0, x1, y1 = p.box_at(min(max(t - a, 0), max(p.num_frames - 1, 0)))
+        boxes.append(_place((x0 + x1) / 2, (y0 + y1) / 2, hw, big.frame_size))
+        covered_list.append(bool(inside))
+    n_det = sum(p.detections for _, _, p in parts)
+    plan = RegionPlan(
+        mode="region", box=big.box, bucket=big.bucket, face_found=True, detections=n_det,
+        reason=f"{len(parts)} speaker regions", frame_size=big.frame_size, num_frames=num_frames,
+        frame_boxes=tuple(boxes), face_box=big.face_box,
+    )  # fmt: skip
+    return plan, tuple(covered_list)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -539,22 +396,17 @@ def composite_frames(
 
 __all__ = [
     "Box",
-    "FaceDetector",
-    "LbpFaceDetector",
     "RegionConfig",
     "RegionPlan",
     "bucket_table_name",
+    "combine_regions",
     "composite",
     "composite_frames",
     "crop_frames",
     "crop_to_bucket",
-    "detect_samples",
     "feather_mask",
     "full_frame_box",
-    "link_tracks",
-    "main_track",
     "nearest_bucket",
     "plan_from_track",
-    "plan_region",
     "snap_box_size",
 ]

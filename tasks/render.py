@@ -183,26 +183,31 @@ def write_shot_qc(
     sample_rate: int,
     height: int,
     title: str | None = None,
+    decision: ShotDecision | None = None,
 ) -> dict[str, str]:
     """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
     (`title`: a banner on both, e.g. for a preview pass)."""
     import soundfile as sf  # noqa: PLC0415
 
     from tasks.qc import QcConfig, write_qc  # noqa: PLC0415 (cv2 only when QC is written)
+    from tasks.qc_overlay import speaker_overlay  # noqa: PLC0415
 
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
+    geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
+    overlay = speaker_overlay(decision.details) if decision is not None else None
     wav = atomic_temp(qc_dir / f"{stem}.wav")
     try:
         sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
         result = write_qc(
-            iter_frames(info, plan.start_frame, plan.end_frame),
-            iter_frames(dubbed, 0, plan.num_frames),
+            (geometry.to_display(f) for f in iter_frames(info, plan.start_frame, plan.end_frame)),
+            (geometry.to_display(f) for f in iter_frames(dubbed, 0, plan.num_frames)),
             qc_dir,
             stem,
             QcConfig(height=height, fps=float(info.fps), title=title),
             num_frames=plan.num_frames,
             audio=wav,
+            overlay=overlay,
         )
     finally:
         wav.unlink(missing_ok=True)
@@ -395,8 +400,9 @@ def render_shot_result(
         with timer("qc"):
             title = PREVIEW_LABEL if cfg.workspace.preview else None
             result["qc"] = write_shot_qc(
-                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height, title
-            )
+                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height,
+                title=title, decision=decision,
+            )  # fmt: skip
     timer.totals["total"] = time.perf_counter() - t_start
     result["timings_s"] = timer.rounded()
     log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, reason)

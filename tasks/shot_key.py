@@ -13,6 +13,11 @@ the SHA-256 of `ShotInputs`:
   the tiny model's output per version and fails when pixels change without a bump). Not a hash of the
   code: an upgrade that does not bump it keeps every result.
 
+The planning's face analysis of a shot (`tasks.shot_decision`) has its own, smaller key (`faces_key`): it
+reads the source frames and the source audio under them, never the dub audio (one exception, checked
+where the file is read: a shot without source speech takes its speech timeline from the dub slice), so
+an audio edit or a change of gate or region settings reuses it.
+
 Accepted approximation: wav2vec2 normalises the waveform with whole-track statistics and its attention
 reaches up to `model.wav2vec.AudioWindowing` (60 s windows, 10 s margins), so a line re-recorded far from
 a shot shifts that shot's features a little; outside `audio_context_s` such a change does not re-render it
@@ -35,7 +40,7 @@ from typing import Any
 
 from tasks.audio import DialogueTrack, read_samples
 
-RENDER_VERSION = 1  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 
 # Config that never changes a shot's pixels (output encoding, where files go, costs, fault injection) or
 # is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism and block
@@ -46,6 +51,15 @@ NON_PIXEL_CONFIG = (
     "encode", "workspace", "cost", "estimate", "debug", "probe", "shots", "infinitetalk.gpus_per_shot",
     "infinitetalk.profile", "infinitetalk.offload", "pipeline",
 )  # fmt: skip
+# `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
+GATE_ONLY_SPEAKER = (
+    "uncertain",
+    "min_score",
+    "min_speech_s",
+    "vad_min_speech_s",
+    "vad_min_silence_s",
+    "vad_pad_s",
+)
 LOCAL_REACH_S = 0.12  # the sampler's 5-frame audio window at 25 fps (+-0.08 s) + wav2vec2's 25 ms frame
 
 
@@ -208,3 +222,12 @@ def shot_inputs(
         settings=shot_settings(config, int(plan["shot_index"])),
         weights=weights_identity(config),
     )
+
+
+def faces_key(start_frame: int, end_frame: int, speaker: Mapping[str, Any]) -> str:
+    """16 hex digits naming a shot's face analysis inside its film's run workspace: the frame range (the
+    source frames and the source audio under them), the analysis part of the `speaker` section and
+    `RENDER_VERSION` (an analysis change alters decisions, hence pixels)."""
+    settings = {k: v for k, v in sorted(speaker.items()) if k not in GATE_ONLY_SPEAKER}
+    blob = json.dumps([RENDER_VERSION, start_frame, end_frame, settings], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""`dubflow estimate` on the sample film: shots to dub (speech + face gate), chunks, expected GPU time."""
+"""`dubflow estimate` on the sample film: shots to dub (speech + who speaks on screen), chunks, GPU time."""
 
 from __future__ import annotations
 
@@ -42,8 +42,16 @@ def test_sample_film_shots_gate_and_gpu_time(estimate):
     dubbed = {s.index: s.reason for s in estimate.shots if s.dub}
     passed = {s.index: s.reason for s in estimate.shots if not s.dub}
     assert set(dubbed) == {0, 3, 4} and all(
-        "face" in r for r in dubbed.values()
-    )  # astronaut shots with speech
+        "; speaker: track 0" in r for r in dubbed.values()
+    )  # the talking heads, each the one face on screen
+    for s in estimate.shots:  # one region per dubbed shot: the speaker's crop over the whole shot
+        assert [(r["start_frame"], r["end_frame"], r["speaker"]) for r in s.regions] == (
+            [(s.start_frame, s.end_frame, 0)] if s.dub else []
+        )
+        for r in s.regions:
+            x0, y0, x1, y1 = r["box"]
+            assert 0 <= x0 < x1 <= estimate.display_width and 0 <= y0 < y1 <= estimate.display_height
+            assert 0 < r["score"] <= 1
     assert passed[1] == "no face found" and passed[2].startswith("no speech")  # coffee cup; the 12-frame shot
     assert estimate.missing == () and (estimate.steps, estimate.branches) == (40, 3)
     # every dubbed shot fits one chunk; the cost follows its latent frames (81 frames = 21 latent frames)
@@ -89,6 +97,9 @@ def test_cli_json_with_missing_figures_is_a_lower_bound(capsys):
     assert [s["index"] for s in out["shots"] if s["dub"]] == [1, 3, 4]  # overrides win over the gate
     assert out["lower_bound"] and "vae_chunk_s.infinitetalk-720" in out["missing"]
     assert out["dubbed_shots"] == 3 and out["passthrough_shots"] == 2 and out["dubbed_chunks"] == 3
+    assert (out["display_width"], out["display_height"]) == (320, 180)
+    forced = next(s for s in out["shots"] if s["index"] == 1)  # the faceless shot forced: full-shot region
+    assert forced["reason"] == "forced by override" and len(forced["regions"]) == 1
     assert out["total_s"] > 3 * 20 * 2 * FWD_720 * 13 / 21  # at least the DiT work of three short chunks
 
 

@@ -1,48 +1,120 @@
-"""Per-shot dub decisions: policy, overrides and the reasons shown in the shot table."""
+"""Per-shot dub decisions: policy, overrides, who speaks (speaker turns, uncertainty) and the reasons."""
 
 import pytest
 
-from tasks.gate import Decision, decide_dub, parse_overrides
-from tasks.region import RegionPlan
+from tasks.face_analysis import ShotFaces, TrackInfo
+from tasks.gate import Decision, decide_dub, parse_overrides, speaker_turns
+from tasks.region import RegionConfig
+from tasks.speaker import SpeakerSegment
 from tasks.speech import SpeechInfo
 
 SPEECH = SpeechInfo(True, 0.734, ((0.2, 2.4),), "speech 2.2 s (73%)")
-SILENT = SpeechInfo(False, 0.0, (), "no speech in dub track (silent, peak -80 dBFS)")
+SILENT = SpeechInfo(False, 0.0, (), "no speech in dub track (silent)")
+REGION = RegionConfig()
+HW = (360, 640)
 
 
-def plan(face: bool, mode: str = "region", detections: int | None = None) -> RegionPlan:
-    n = (8 if face else 0) if detections is None else detections
-    return RegionPlan(mode, (0, 0, 64, 64), (640, 640), face, n, "test plan", (64, 64), 10)
+def track(k: int, x: int, side: int = 80, still: bool = False, n: int = 100) -> TrackInfo:
+    frames = tuple(range(0, n, 4))
+    return TrackInfo(
+        k, 0, n, float(side), still, frames, tuple((x, 100, x + side, 100 + side) for _ in frames)
+    )
 
 
-def test_auto_needs_speech_and_a_face():
-    assert decide_dub(0, SPEECH, plan(True)) == Decision(True, "speech 73% + face")
-    assert decide_dub(0, SILENT, plan(True)) == Decision(False, SILENT.reason)
-    assert decide_dub(0, SPEECH, plan(False)) == Decision(False, "no face found")
-    assert decide_dub(0, SPEECH, plan(False, detections=2)) == Decision(False, "no steady face found")
-    assert decide_dub(0, SILENT, plan(False)).reason.startswith("no speech in dub track")
+def faces(tracks=(), segments=(), n: int = 100) -> ShotFaces:
+    return ShotFaces(n, 25.0, HW, HW, True, tuple(tracks), tuple(segments), (), (), 5, 0.0)
+
+
+TWO = (track(0, 100), track(1, 400, side=120))
+
+
+def seg(a, b, status, speaker=None, score=0.8, runner_up=None):
+    return SpeakerSegment(a, b, status, speaker, score, runner_up)
+
+
+def test_the_speaker_alone_is_dubbed_over_the_whole_shot():
+    d = decide_dub(0, SPEECH, faces(TWO, [seg(10, 40, "speaker", 1), seg(50, 90, "speaker", 1, 0.6)]), REGION)
+    assert d.dub and d.reason == "speech 73%; speaker: track 1 (score 0.69)"
+    (r,) = d.regions
+    assert (r.start_frame, r.end_frame, r.speaker, r.status) == (0, 100, 1, "speaker")
+    x0, _, x1, _ = r.plan.box
+    assert x0 <= 400 and x1 >= 520  # the crop holds track 1's face, not track 0's
+
+
+def test_nobody_on_screen_speaking_passes_the_shot_through():
+    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == Decision(
+        False, "speaker off screen"
+    )
+    assert decide_dub(0, SPEECH, faces((), [seg(0, 100, "none")]), REGION).reason == "no face found"
+    posters = (track(0, 100, still=True),)
+    assert decide_dub(0, SPEECH, faces(posters, [seg(0, 100, "none")]), REGION).reason.startswith(
+        "only still faces"
+    )
+
+
+def test_turn_taking_gives_one_region_per_turn_split_in_the_pause():
+    segs = [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]
+    d = decide_dub(0, SPEECH, faces(TWO, segs), REGION)
+    assert [(r.start_frame, r.end_frame, r.speaker) for r in d.regions] == [(0, 45, 0), (45, 100, 1)]
+    assert "track 0 -> track 1" in d.reason
+
+
+def test_a_voice_over_part_is_left_undubbed():
+    d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(60, 100, "none")]), REGION)
+    assert [(r.start_frame, r.end_frame) for r in d.regions] == [(0, 50)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "dub", "speaker"), [("most_likely", True, 0), ("largest", True, 1), ("skip", False, None)]
+)
+def test_uncertain_segments_follow_the_policy(policy, dub, speaker):
+    segs = [seg(0, 100, "uncertain", 0, 0.3, runner_up=1)]
+    d = decide_dub(0, SPEECH, faces(TWO, segs), REGION, uncertain=policy)
+    assert d.dub == dub
+    if dub:
+        assert (
+            d.regions[0].speaker == speaker and d.regions[0].status == "uncertain" and "uncertain" in d.reason
+        )
+    else:
+        assert d.reason == "speaker uncertain (speaker.uncertain: skip)"
+
+
+def test_a_low_score_counts_as_uncertain():
+    f = faces(TWO, [seg(0, 100, "speaker", 0, 0.1)])
+    assert speaker_turns(f, "most_likely", 0.2) == [(0, 100, 0, 0.1, "uncertain")]
+    assert speaker_turns(f, "most_likely", 0.05) == [(0, 100, 0, 0.1, "speaker")]
+    with pytest.raises(ValueError, match="speaker.uncertain"):
+        speaker_turns(f, "coin", 0.2)
 
 
 def test_full_frame_mode_can_dub_without_a_face():
-    assert not decide_dub(3, SPEECH, plan(False, "full")).dub
-    d = decide_dub(3, SPEECH, plan(False, "full"), require_face=False)
-    assert d.dub and "full frame" in d.reason
-    assert not decide_dub(3, SPEECH, plan(False, "region"), require_face=False).dub
-    assert not decide_dub(3, SILENT, plan(False, "full"), require_face=False).dub
+    full = RegionConfig(mode="full")
+    nobody = faces((), [seg(0, 100, "none")])
+    assert not decide_dub(3, SPEECH, nobody, full).dub
+    d = decide_dub(3, SPEECH, nobody, full, require_face=False)
+    assert d.dub and "full frame" in d.reason and d.regions[0].plan.mode == "full"
+    assert not decide_dub(3, SPEECH, nobody, REGION, require_face=False).dub
+    assert not decide_dub(3, SILENT, nobody, full, require_face=False).dub
 
 
 def test_policies_all_and_none():
-    assert decide_dub(1, SILENT, plan(False), policy="all") == Decision(True, "policy: dub all shots")
-    assert decide_dub(1, SPEECH, plan(True), policy="none") == Decision(False, "policy: dub no shots")
+    d = decide_dub(1, SILENT, faces(TWO), REGION, policy="all")
+    assert d.dub and d.reason == "policy: dub all shots" and d.regions[0].speaker == 1  # the largest face
+    assert decide_dub(1, SPEECH, None, REGION, policy="none") == Decision(False, "policy: dub no shots")
     with pytest.raises(ValueError, match="dub policy"):
-        decide_dub(1, SPEECH, plan(True), policy="some")
+        decide_dub(1, SPEECH, None, REGION, policy="some")
 
 
 def test_overrides_win_over_policy_and_evidence():
     overrides = {2: "dub", "5": "SKIP"}
-    assert decide_dub(2, SILENT, plan(False), "none", overrides) == Decision(True, "forced by override")
-    assert decide_dub(5, SPEECH, plan(True), "all", overrides) == Decision(False, "skipped by override")
-    assert decide_dub(4, SPEECH, plan(True), "auto", overrides).reason == "speech 73% + face"
+    forced = decide_dub(2, SILENT, faces(), REGION, policy="none", overrides=overrides)
+    assert forced.dub and forced.reason == "forced by override" and forced.regions[0].plan.mode == "full"
+    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == Decision(
+        False, "skipped by override"
+    )
+    assert decide_dub(4, SILENT, None, REGION, overrides=overrides) == Decision(False, SILENT.reason)
+    with pytest.raises(ValueError, match="face analysis"):
+        decide_dub(4, SPEECH, None, REGION)
 
 
 def test_bad_overrides_name_the_shot():
@@ -53,3 +125,15 @@ def test_bad_overrides_name_the_shot():
         parse_overrides({"intro": "dub"})
     with pytest.raises(ValueError, match=">= 0"):
         parse_overrides({-1: "dub"})
+
+
+def test_decision_round_trips_through_json():
+    import json
+
+    from tasks.gate import DubRegion
+
+    d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]), REGION)
+    back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["regions"]]
+    assert tuple(back) == d.regions
+    f = faces(TWO, [seg(0, 40, "speaker", 0)])
+    assert ShotFaces.from_dict(json.loads(json.dumps(f.to_dict()))) == f

@@ -19,7 +19,7 @@ import pytest
 import tasks.infinitetalk.resident as it
 from tasks.audio import prepare_dialogue, slice_bounds
 from tasks.backend import get_backend
-from tasks.config import GateConfig, load_config
+from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.frames import CropGeometry, ModelGeometry, iter_frames
 from tasks.infinitetalk import (
@@ -27,15 +27,15 @@ from tasks.infinitetalk import (
     ResidentModels,
     ShotRegion,
     check_plan_agreement,
-    decide_shot,
     display_box_to_coded,
     ensure_tiny_root,
     resolve_options,
 )
 from tasks.plan import plan_shot
 from tasks.probe import probe
-from tasks.region import RegionConfig, RegionPlan
+from tasks.region import RegionPlan
 from tasks.render import ShotJob, render_shot, render_shot_result
+from tasks.shot_decision import decide_shot, decision_regions
 from tasks.shots import Shot
 from tests.media import decode_all
 
@@ -125,7 +125,7 @@ def test_sample_film_end_to_end_inline(tmp_path: Path, ws_root: Path, resident: 
         src.height,
     )
     a, b = decode_all(FILM).astype(np.int16), decode_all(out).astype(np.int16)
-    x0, _, x1, _ = (79, 0, 226, 180)  # shot 0's face crop (region plan of the sample film)
+    x0, _, x1, _ = _speaker_box(0)  # shot 0's speaker crop
     for index, (s, e) in enumerate(SHOTS):
         inside = np.abs(a[s:e, :, x0 + 16 : x1 - 16] - b[s:e, :, x0 + 16 : x1 - 16]).mean()
         outside = np.abs(a[s:e, :, : x0 - 4] - b[s:e, :, : x0 - 4]).mean()
@@ -324,40 +324,41 @@ def test_options_come_from_the_section_with_backend_options_on_top():
         resolve_options(cfg, {"loras": [{"scale": 1.0}]})
 
 
-def test_the_gate_decodes_frames_only_when_the_decision_can_depend_on_them():
+def _speaker_box(index: int) -> tuple[int, int, int, int]:
+    """The dub crop the gate plans for a sample-film shot (display = coded pixels here)."""
+    from tasks.audio import decode_audio
+
+    info, (s, e) = probe(FILM), SHOTS[index]
+    audio = decode_audio(DUB, sample_rate=16000, channels=1)
+    a, b = slice_bounds([s, e], info.fps, 16000, audio.shape[0])[0]
+    (region,) = decision_regions(decide_shot(index, s, e, info, audio[a:b], 16000, load_config()))
+    return region.plan.box
+
+
+def test_the_gate_analyses_faces_only_when_the_decision_can_depend_on_them(tmp_path: Path):
     import soundfile as sf
 
     speech, sr = sf.read(REPO / "tests" / "data" / "speech.wav", dtype="float32", always_2d=True)
     silent = np.zeros_like(speech)
-    face = RegionConfig()
+    info = probe(FILM)
+    cache = tmp_path / "faces.json"
 
-    def no_decoding(indices):
-        raise AssertionError("frames decoded for a decision that does not need them")
+    def decide(audio, *settings: str, index: int = 0):
+        return decide_shot(index, 0, 48, info, audio, sr, load_config(overrides=list(settings)), cache)
 
-    def gate(policy: str, overrides: dict | None = None) -> GateConfig:
-        return GateConfig(policy, True, overrides or {})
-
-    d = decide_shot(0, silent, sr, 48, no_decoding, gate("auto"), face)
-    assert not d.dub and d.reason.startswith("no speech") and d.details["region"] is None
+    d = decide(silent)
+    assert not d.dub and d.reason.startswith("no speech") and d.details["faces"] is None
+    assert decide(speech, "gate.overrides={3: skip}", index=3).reason == "skipped by override"
+    assert decide(speech, "gate.policy=none").reason == "policy: dub no shots"
+    assert not cache.exists()  # none of these looked at the picture
+    d = decide(speech)
+    assert cache.exists() and d.details["faces"]["tracks"]  # the talking head of shot 0
+    forced = decide(silent, "gate.overrides={0: dub}")
     assert (
-        decide_shot(3, speech, sr, 48, no_decoding, gate("auto", {3: "skip"}), face).reason
-        == "skipped by override"
-    )
-    assert decide_shot(0, speech, sr, 48, no_decoding, gate("none"), face).reason == "policy: dub no shots"
-    asked = []
-
-    def blank(indices):
-        asked.extend(indices)
-        return {i: np.zeros((72, 128, 3), np.uint8) for i in indices}
-
-    d = decide_shot(0, speech, sr, 48, blank, gate("auto"), face)
-    assert asked == list(range(0, 48, 5)) and not d.dub and d.reason == "no face found"
-    forced = decide_shot(0, silent, sr, 48, blank, gate("auto", {"0": "dub"}), face)
-    assert (
-        forced.dub and forced.reason == "forced by override" and forced.details["region"]["mode"] == "region"
+        forced.dub and forced.reason == "forced by override" and forced.details["regions"][0]["speaker"] == 0
     )
     with pytest.raises(ConfigError, match="must be 'dub' or 'skip'"):
-        decide_shot(0, speech, sr, 48, blank, gate("auto", {0: "maybe"}), face)
+        decide(speech, "gate.overrides={0: maybe}")
 
 
 def test_chunk_plans_agree_with_the_sampler():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from flows.cli import main
 from tasks.config import load_config
 from tasks.errors import ConfigError
-from tasks.plan_file import plan_overrides, read_plan, to_config_overrides
+from tasks.plan_file import plan_document, plan_overrides, read_plan, to_config_overrides, write_plan
 from tasks.probe import probe
 from tests.media import make_audio, make_clip
 
@@ -76,6 +77,24 @@ def test_overrides_map_onto_config_keys(tmp_path: Path):
     assert got[1]["backend"]["options"]["steps"] == 6 and got[1]["infinitetalk"]["steps"] == 6
 
 
+def test_the_plan_shows_the_estimate_regions(tmp_path: Path):
+    """`auto.regions` is the estimate's regions JSON (frames, display-pixel box, speaker, score) as YAML."""
+    region = {"start_frame": 24, "end_frame": 40, "box": (10, 20, 110, 140), "speaker": 1, "score": 0.73,
+              "status": "speaker"}  # fmt: skip
+    shots = [
+        {"index": 0, "start_frame": 0, "end_frame": 24, "dub": False, "reason": "speaker off screen",
+         "regions": (), "seed": 42},
+        {"index": 1, "start_frame": 24, "end_frame": 48, "dub": True, "reason": "speech 80%; speaker: track 1",
+         "regions": (region,), "seed": 43},
+    ]  # fmt: skip
+    doc = plan_document("film.mp4", "dub.wav", Fraction(24), 48, shots)
+    path = write_plan(tmp_path / "plan.yaml", doc)
+    auto = [s["auto"] for s in yaml.safe_load(path.read_text())["shots"]]
+    assert auto[0]["regions"] == [] and auto[1]["regions"] == [{**region, "box": [10, 20, 110, 140]}]
+    assert "region" not in auto[1] and "speaker" not in auto[1]  # one way: the regions carry both
+    assert read_plan(path)[1]["overrides"] == {}
+
+
 def _renders(ws_root: Path) -> Counter:
     (ws_dir,) = [p for p in ws_root.iterdir() if not p.name.startswith(".")]
     return Counter(json.loads(line)["shot"] for line in (ws_dir / "attempts.jsonl").read_text().splitlines())
@@ -98,6 +117,7 @@ def test_an_edited_plan_drives_a_flow_run_that_renders_only_the_edited_shots(tmp
         (0, 0, 24), (1, 24, 48), (2, 48, 72)
     ]  # fmt: skip
     assert all(s["auto"]["reason"] and s["override"]["dub"] == "auto" for s in doc["shots"])
+    assert all(s["auto"]["regions"] == [] for s in doc["shots"] if not s["auto"]["dub"])
     assert all(v is None for s in doc["shots"] for k, v in s["override"].items() if k != "dub")
 
     config = {"backend": {"name": "passthrough"}, "workspace": {"root": str(ws_root)}}

@@ -90,6 +90,8 @@ def test_artifacts_of_a_run(tmp_path: Path):
         "backend": "fake",
         "status": "pending",
         "reused": "",
+        "speaker": "",
+        "score": "",
         "reason": "",
     }
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "OOM"

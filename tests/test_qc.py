@@ -114,3 +114,35 @@ def test_contact_sheet_labels_frames():
     assert labelled[4:36, 4:68].max() == 255  # white label text drawn
     with pytest.raises(ValueError):
         contact_sheet([], cols=3, thumb_height=32)
+
+
+def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
+    from tasks.face_analysis import ShotFaces, TrackInfo
+    from tasks.gate import decide_dub
+    from tasks.qc_overlay import speaker_overlay
+    from tasks.region import RegionConfig
+    from tasks.speaker import SpeakerSegment
+    from tasks.speech import SpeechInfo
+
+    n, h, w = 12, 180, 320
+    frames = np.full((n, h, w, 3), 40, np.uint8)
+    tracks = tuple(
+        TrackInfo(k, 0, n, 60.0, still, (0, 11), ((x, 50, x + 60, 110), (x, 50, x + 60, 110)))
+        for k, x, still in ((0, 30, False), (1, 220, True))
+    )
+    faces = ShotFaces(n, 25.0, (h, w), (h, w), True, tracks, (SpeakerSegment(0, n, "speaker", 0, 0.9),),
+                      (0.1, 0.9, 0.9), ((0.05, 0.3, 0.2), (0.0, 0.0, 0.0)), 5, 0.0)  # fmt: skip
+    speech = SpeechInfo(True, 0.8, ((0.0, 0.4),), "speech")
+    d = decide_dub(0, speech, faces, RegionConfig())
+    overlay = speaker_overlay({"faces": faces.to_dict(), "regions": [r.to_dict() for r in d.regions]})
+    marked = overlay.annotate(3, frames[3])
+    assert tuple(marked[50, 45]) == (60, 220, 90)  # the speaker's face box, green
+    assert tuple(marked[50, 235]) == (230, 60, 60)  # the poster's, red
+    assert np.array_equal(marked[130:, 290:], frames[3][130:, 290:])  # nothing drawn elsewhere
+    plain = write_qc(frames, frames, tmp_path, "plain", QcConfig(sheet_frames=2, sheet_cols=2))
+    marked_qc = write_qc(
+        frames, frames, tmp_path, "marked", QcConfig(sheet_frames=2, sheet_cols=2), overlay=overlay
+    )
+    a, b = cv2.imread(str(plain.contact_sheet)), cv2.imread(str(marked_qc.contact_sheet))
+    assert b.shape[1] == a.shape[1] and b.shape[0] > a.shape[0]  # the timeline strip below the grid
+    assert not np.array_equal(a, b[: a.shape[0]])

@@ -1,4 +1,4 @@
-"""Region dubbing geometry: buckets, face tracking, stable boxes, crop/resize and exact compositing."""
+"""Region dubbing geometry: buckets, boxes around a speaker track, speaker turns, crop/resize, exact compositing."""
 
 import json
 from pathlib import Path
@@ -8,21 +8,17 @@ import numpy as np
 import pytest
 
 from tasks.region import (
-    LbpFaceDetector,
     RegionConfig,
     RegionPlan,
+    combine_regions,
     composite,
     composite_frames,
     crop_frames,
     crop_to_bucket,
-    detect_samples,
     feather_mask,
     full_frame_box,
-    link_tracks,
-    main_track,
     nearest_bucket,
     plan_from_track,
-    plan_region,
     snap_box_size,
 )
 
@@ -122,73 +118,70 @@ def test_box_is_shifted_inside_the_frame_not_shrunk():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tracking
+# Planning from the speaker's track (tasks.face_analysis finds the faces; here the track is given)
 
 
-def test_main_track_prefers_the_persistent_face_over_sporadic_boxes():
-    face = [(t, (100 + t, 80, 160 + t, 140)) for t in range(0, 40, 4)]
-    samples = [(t, [b]) for t, b in face]
-    samples[3][1].append((10, 10, 200, 200))  # one big false positive
-    samples[7][1].append((300, 20, 340, 60))  # one small false positive elsewhere
-    tracks = link_tracks(samples)
-    best = main_track(tracks)
-    assert best is not None and [b for _, b in best] == [b for _, b in face]
-    assert main_track([]) is None
-
-
-def test_static_face_gives_a_static_head_and_shoulders_box(face):
+def test_static_face_gives_a_static_head_and_shoulders_box():
     h, w = 240, 320
-    frames = np.stack([scene(face, h, w, 120, 20)] * 6)
-    plan = plan_region(frames, RegionConfig(sample_every=2))
+    face_box = (130, 40, 190, 110)
+    plan = plan_from_track([(t, face_box) for t in (0, 2, 4)], (h, w), 6, 3, RegionConfig())
     assert plan.face_found and plan.mode == "region" and plan.frame_boxes is None
     assert plan.detections == 3 and plan.num_frames == 6 and plan.frame_size == (h, w)
     x0, y0, x1, y1 = plan.box
     assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h
     bh, bw = plan.bucket
     assert min(abs((y1 - y0) - (x1 - x0) * bh / bw), abs((x1 - x0) - (y1 - y0) * bw / bh)) <= 0.5 + 1e-9
-    # the detected face lies on the pasted face image and inside the crop
-    fx0, fy0, fx1, fy1 = plan.face_box
-    assert inside(plan.face_box, (120, 20, 120 + face.shape[1], 20 + face.shape[0]))
-    assert inside(plan.face_box, plan.box)
+    assert plan.face_box == face_box and inside(face_box, plan.box)
     # head and shoulders: the crop is clearly larger than the face
-    assert (x1 - x0) >= 1.8 * (fx1 - fx0) and (y1 - y0) >= 1.8 * (fy1 - fy0)
-    assert plan_region(iter(frames), RegionConfig(sample_every=2)) == plan  # generators work the same
+    assert (x1 - x0) >= 1.8 * 60 and (y1 - y0) >= 1.8 * 70
 
 
-def test_no_face_frames_report_no_face():
-    frames = np.stack([background(240, 320, seed=s) for s in range(4)])
-    plan = plan_region(frames, RegionConfig(sample_every=1))
-    assert not plan.face_found and plan.detections <= 1
-    assert "face" in plan.reason and plan.reason.endswith("full-frame box")
-    flat = plan_region(np.full((3, 120, 160, 3), 128, np.uint8))
-    assert not flat.face_found and flat.detections == 0 and flat.reason.startswith("no face found")
+def test_no_track_gives_the_full_frame_box():
+    plan = plan_from_track(None, (240, 320), 4, 4, RegionConfig())
+    assert not plan.face_found and plan.detections == 0 and plan.reason.startswith("no face found")
     assert (plan.box, plan.bucket) == full_frame_box((240, 320), "infinitetalk-480")
+    sparse = plan_from_track([(0, (10, 10, 50, 50))], (240, 320), 40, 10, RegionConfig())
+    assert not sparse.face_found and sparse.reason.startswith("face in only 1/10")
 
 
-def test_box_is_stable_on_a_slowly_panning_clip(face):
+def test_box_is_stable_on_a_slowly_panning_clip():
     h, w, n = 240, 320, 30
-    wide = scene(face, h, w + n, 150, 20, seed=3)
-    frames = np.stack([wide[:, t : t + w] for t in range(n)])  # the face drifts left 1 px per frame
-    cfg = RegionConfig(sample_every=5, motion="follow")
-    samples, frame_hw, count = detect_samples(frames, LbpFaceDetector(), cfg)
-    assert [t for t, _ in samples] == [0, 5, 10, 15, 20, 25] and (frame_hw, count) == ((h, w), n)
-    track = main_track(link_tracks(samples))
-    follow = plan_from_track(track, frame_hw, count, len(samples), cfg)
+    rng = np.random.default_rng(0)  # detector-like jitter of +-1 px on a face drifting left 1 px per frame
+    track = [
+        (t, tuple(int(v) for v in np.array([150 - t, 40, 210 - t, 110]) + rng.integers(-1, 2, 4)))
+        for t in range(0, n, 5)
+    ]
+    cfg = RegionConfig(motion="follow")
+    follow = plan_from_track(track, (h, w), n, len(track), cfg)
     assert follow.face_found and follow.frame_boxes is not None and len(follow.frame_boxes) == n
     x0 = np.array([b[0] for b in follow.frame_boxes], dtype=float)
     sizes = {(b[2] - b[0], b[3] - b[1]) for b in follow.frame_boxes}
     assert len(sizes) == 1  # the crop never zooms
     assert np.abs(np.diff(x0)).max() <= 2.0  # no jumps
     assert np.abs(np.diff(x0, 2)).max() <= 1.0  # no jitter
-    assert 15 <= x0[0] - x0[-1] <= 40  # follows the 29 px drift
+    assert 15 <= x0[0] - x0[-1] <= 40  # follows the 25 px drift
     assert len({b[1] for b in follow.frame_boxes}) <= 3  # no vertical wobble
-    auto = plan_from_track(track, frame_hw, count, len(samples), RegionConfig(static_motion_frac=0.5))
+    auto = plan_from_track(track, (h, w), n, len(track), RegionConfig(static_motion_frac=0.5))
     assert auto.frame_boxes is None and auto.reason.endswith("static crop")
     assert abs(auto.box[0] - np.median(x0)) <= 3
-    small_motion = plan_from_track(
-        track, frame_hw, count, len(samples), RegionConfig(static_motion_frac=0.02)
-    )
+    small_motion = plan_from_track(track, (h, w), n, len(track), RegionConfig(static_motion_frac=0.02))
     assert small_motion.frame_boxes is not None  # auto follows once the drift exceeds the threshold
+
+
+def test_speaker_turns_combine_into_one_plan_of_equal_boxes():
+    hw = (360, 640)
+    left = plan_from_track([(0, (60, 100, 140, 190))], hw, 40, 1, RegionConfig(min_track_frac=0.0))
+    right = plan_from_track([(0, (420, 90, 520, 200))], hw, 60, 1, RegionConfig(min_track_frac=0.0))
+    plan, covered = combine_regions([(0, 40, left), (40, 100, right)], 100)
+    assert covered == (True,) * 100 and plan.frame_boxes is not None and len(plan.frame_boxes) == 100
+    assert len({(b[2] - b[0], b[3] - b[1]) for b in plan.frame_boxes}) == 1  # one model size
+    assert plan.frame_boxes[0][0] < 320 < plan.frame_boxes[99][0] + 1  # left turn, then the right one
+    part, covered = combine_regions([(10, 50, left)], 100)
+    assert covered == tuple(10 <= t < 50 for t in range(100))  # the rest of the shot stays the source
+    whole, none = combine_regions([(0, 100, left)], 100)
+    assert whole is left and none is None
+    with pytest.raises(ValueError):
+        combine_regions([], 10)
 
 
 def test_region_plan_json_round_trip(face):

@@ -43,7 +43,10 @@ def test_shot_settings_keep_only_what_changes_the_shot():
         ["infinitetalk.gpus_per_shot=2", "shots.detector=hash", "gate.overrides={4: skip}"],
     ):
         assert shot_settings(load_config(overrides=change).to_dict(), 3) == ref, change
-    for change in (["gate.overrides={3: skip}"], ["infinitetalk.seed=7"], ["color.strength=0.5"]):
+    for change in (
+        ["gate.overrides={3: skip}"], ["infinitetalk.seed=7"], ["color.strength=0.5"],
+        ["speaker.uncertain=skip"], ["speaker.detect_every=2"],  # who is dubbed: which pixels change
+    ):  # fmt: skip
         assert shot_settings(load_config(overrides=change).to_dict(), 3) != ref, change
     # backend.options win over the section (as in the backend) and count the same way
     via_options = load_config(overrides=["backend.options.steps=5"]).to_dict()

@@ -19,16 +19,16 @@ import numpy as np
 from tasks.backend import ShotContext, ShotDecision
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError, MediaError
-from tasks.frames import ModelGeometry, iter_frames
+from tasks.frames import ModelGeometry
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, weights_identity
-from tasks.infinitetalk.gating import decide_shot
-from tasks.infinitetalk.options import VaeTiling, load_spec, region_config, resolve_device, resolve_options
+from tasks.infinitetalk.options import VaeTiling, load_spec, resolve_device, resolve_options
 from tasks.infinitetalk.session import InfiniteTalkSession
 from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline, check_plan_agreement
 from tasks.infinitetalk.timing import Stopwatch
 from tasks.infinitetalk.tiny import TINY_BANNER, TinyLog
 from tasks.plan import ShotPlan
+from tasks.shot_decision import decide_shot, faces_path
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,6 @@ class InfiniteTalkBackend:
         self.config = config
         self.tiny = self.opts.mode == "tiny"
         self.log: logging.Logger | logging.LoggerAdapter = TinyLog(log, {}) if self.tiny else log
-        self.region_cfg = region_config(config)
         self.vae_tiling = VaeTiling(self.opts.vae_tiling, self.opts.vae_tile_px)
         self._specs: dict[str, LoadSpec] = {}  # per device: the offload decision is made once per config
 
@@ -172,25 +171,16 @@ class InfiniteTalkBackend:
         sample_rate: int,
         context: ShotContext,
     ) -> ShotDecision:
-        """Gate the shot: speech in its dub slice, a face in its (sampled) frames, the policy."""
+        """Gate the shot: speech in its dub slice, who on screen speaks (the planning's cached face analysis;
+        analysed here only when that file is missing), the policy."""
         self._bind(context.config)
-
-        def frames_fn(indices: list[int]) -> dict[int, np.ndarray]:
-            wanted, out = set(indices), {}
-            for j, frame in enumerate(iter_frames(context.video, plan.start_frame, plan.end_frame)):
-                if j in wanted:
-                    out[j] = geometry.to_display(frame)
-            return out
-
-        d = decide_shot(
-            plan.shot_index,
-            shot_audio,
-            sample_rate,
-            plan.num_frames,
-            frames_fn,
-            self.config.gate,
-            self.region_cfg,
+        cache = faces_path(
+            context.work_dir, plan.shot_index, plan.start_frame, plan.end_frame, context.config
         )
+        d = decide_shot(
+            plan.shot_index, plan.start_frame, plan.end_frame, context.video, shot_audio, sample_rate,
+            context.config, cache, planned=True,
+        )  # fmt: skip
         if d.dub and self.tiny:
             d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
         self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)

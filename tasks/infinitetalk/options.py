@@ -20,7 +20,6 @@ from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.timeline import WAV2VEC_RATE
 from tasks.infinitetalk.tiny import tiny_hw
-from tasks.region import RegionConfig
 
 if TYPE_CHECKING:
     import torch
@@ -150,19 +149,6 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
 
         return gemm, fp8_supported(torch.device(device))
     return gemm, bool(opts.fp8_attention)
-
-
-def region_config(cfg: PipelineConfig) -> RegionConfig:
-    """`tasks.region.RegionConfig` from the pipeline config (the bucket table follows frames.bucket)."""
-    r = cfg.region
-    return RegionConfig(
-        mode=r.mode,
-        size=f"infinitetalk-{cfg.frames.bucket}",
-        motion=r.motion,
-        feather_px=r.feather_px,
-        expand_w=r.expand_w,
-        expand_h=r.expand_h,
-    )
 
 
 def resolve_device(name: str) -> str:

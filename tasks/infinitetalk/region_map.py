@@ -46,9 +46,15 @@ class ShotRegion:
     """Coded source frames <-> model frames for one shot: a region crop, or the official full frame."""
 
     def __init__(
-        self, geometry: ModelGeometry, plan: RegionPlan | None, model_hw: tuple[int, int], feather_px: int
+        self,
+        geometry: ModelGeometry,
+        plan: RegionPlan | None,
+        model_hw: tuple[int, int],
+        feather_px: int,
+        covered: tuple[bool, ...] | None = None,
     ):
         self.geometry = geometry
+        self.covered = covered  # per shot frame: dubbed (None: every frame); others stay the source
         self.model_hw = model_hw
         self.feather_px = feather_px
         self.full = plan is None or plan.mode == "full"
@@ -86,8 +92,14 @@ class ShotRegion:
         crop = np.ascontiguousarray(np.rot90(frame[y0:y1, x0:x1], self.geometry.rotation // 90))
         return crop_to_bucket(crop, (0, 0, crop.shape[1], crop.shape[0]), self.model_hw)
 
+    def dubbed(self, j: int) -> bool:
+        """Whether shot frame j is dubbed (frames outside every speaker region stay the source)."""
+        return self.covered is None or self.covered[min(j, len(self.covered) - 1)]
+
     def paste(self, generated: np.ndarray, source: np.ndarray, j: int) -> np.ndarray:
         """Blend a generated model frame into coded source frame j (only its box changes)."""
+        if not self.dubbed(j):
+            return source.copy()
         if self.full:
             return self.full_geometry.from_model(generated, source)
         from tasks.region import composite  # noqa: PLC0415

@@ -29,7 +29,8 @@ from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
 from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
 from tasks.infinitetalk.tiny import label_tiny, tiny_hw
 from tasks.plan import ShotPlan, source_frame_at
-from tasks.region import RegionPlan
+from tasks.region import combine_regions
+from tasks.shot_decision import decision_regions
 
 if TYPE_CHECKING:
     import torch
@@ -166,15 +167,15 @@ class InfiniteTalkSession:
         return feats
 
     def _map_region(self, geometry: ModelGeometry, decision: ShotDecision) -> tuple[int, int]:
-        """Sets the shot's `ShotRegion` (the gate's region plan, or the full frame); returns the model size."""
-        region = decision.details.get("region")
-        rplan = RegionPlan.from_dict(region) if region else None
+        """Sets the shot's `ShotRegion` (the gate's speaker regions, or the full frame); returns the model size."""
+        parts = [(r.start_frame, r.end_frame, r.plan) for r in decision_regions(decision)]
+        rplan, covered = combine_regions(parts, self.plan.num_frames) if parts else (None, None)
         if rplan is not None and rplan.mode == "full":
             bucket = geometry.model_hw
         else:
             bucket = rplan.bucket if rplan is not None else geometry.model_hw
         model_hw = tiny_hw(bucket) if self.backend.tiny else bucket
-        self.region = ShotRegion(geometry, rplan, model_hw, self.backend.config.region.feather_px)
+        self.region = ShotRegion(geometry, rplan, model_hw, self.backend.config.region.feather_px, covered)
         self.coded_hw = geometry.coded_hw
         return model_hw
 
@@ -301,7 +302,7 @@ class InfiniteTalkSession:
             for t, k in enumerate(indices):
                 j = c.src_start + t
                 frame = region.paste(kept[k - first_kept], inp.frames[t], j)
-                frames.append(label_tiny(frame, region.coded_box(j)) if tiny else frame)
+                frames.append(label_tiny(frame, region.coded_box(j)) if tiny and region.dubbed(j) else frame)
             return np.stack(frames)
 
         return composite

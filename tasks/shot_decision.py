@@ -1,0 +1,167 @@
+"""The dub decision of one shot, as planning takes it: the dub slice's speech, the shot's face analysis, the gate.
+
+Holds `decide_shot` (one shot; `dubflow estimate`, the film run's planning step and the backend's fallback
+all call it), `region_config` (the region geometry settings of a pipeline config) and the JSON the estimate
+and the shot table show (`regions_json`: boxes in display pixels, film frame numbers).  The face analysis
+(`tasks.face_analysis`) is the expensive part: it runs only when the outcome can depend on it, and is read
+from / written to ``cache`` (a JSON file per shot in the run workspace) when one is given, so a GPU worker
+that finds the planning's file never decodes or analyses anything.
+Must not run a dubbing model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.backend import ShotDecision
+from tasks.config import PipelineConfig
+from tasks.errors import ConfigError
+from tasks.face_analysis import ShotFaces, analyse_shot, source_speech
+from tasks.gate import DubRegion, decide_dub, parse_overrides
+from tasks.probe import VideoInfo
+from tasks.region import RegionConfig
+from tasks.shot_key import faces_key
+from tasks.speech import detect_speech
+from tasks.vad import at_frames, resample_to_vad, speech_probs
+
+log = logging.getLogger(__name__)
+
+
+def region_config(cfg: PipelineConfig) -> RegionConfig:
+    """`tasks.region.RegionConfig` from the pipeline config (the bucket table follows frames.bucket)."""
+    r = cfg.region
+    return RegionConfig(
+        mode=r.mode, size=f"infinitetalk-{cfg.frames.bucket}", motion=r.motion, feather_px=r.feather_px,
+        expand_w=r.expand_w, expand_h=r.expand_h,
+    )  # fmt: skip
+
+
+def faces_path(work_dir: str | Path, shot_index: int, start: int, end: int, cfg: PipelineConfig) -> Path:
+    """Where the planning keeps the face analysis of shot frames [start, end) in the film's run workspace:
+    ``faces/<index>-<faces key>.json`` (the key: the frames and the analysis settings, not the dub audio)."""
+    key = faces_key(start, end, dataclasses.asdict(cfg.speaker))
+    return Path(work_dir) / "faces" / f"{shot_index:04d}-{key}.json"
+
+
+def _dub_digest(mono: np.ndarray) -> str:
+    """Identity of the dub slice a face analysis took its speech timeline from (no source speech)."""
+    return hashlib.sha256(np.ascontiguousarray(mono, dtype=np.float32).tobytes()).hexdigest()[:20]
+
+
+def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
+    """The analysis in ``cache``, unless its speech timeline came from a dub slice that has changed."""
+    saved = json.loads(cache.read_text())
+    faces = ShotFaces.from_dict(saved)
+    if not faces.source_audio and saved.get("dub_audio") != _dub_digest(mono):
+        return None
+    return faces
+
+
+def _needs_faces(shot_index: int, has_speech: bool, cfg: PipelineConfig) -> bool:
+    """Whether the gate's outcome (or the dubbed region) depends on the picture."""
+    try:
+        action = parse_overrides(cfg.gate.overrides).get(shot_index)
+    except ValueError as ex:
+        raise ConfigError("gate.overrides", str(ex)) from ex
+    if action == "skip" or (cfg.gate.policy == "none" and action != "dub"):
+        return False
+    return action == "dub" or cfg.gate.policy == "all" or has_speech
+
+
+def shot_faces(
+    info: VideoInfo, start: int, end: int, dub_mono: np.ndarray, sample_rate: int, cfg: PipelineConfig
+) -> ShotFaces:
+    """Analyse frames [start, end): the speech timeline is the source's own audio when it has speech there,
+    else the dub slice's (a film without audio, or a source VAD that hears nothing under loud music)."""
+    probs = source_speech(info, start, end)
+    source_audio = probs is not None and bool((probs >= cfg.speaker.vad_threshold).any())
+    if not source_audio:
+        dub = speech_probs(resample_to_vad(dub_mono, sample_rate))
+        probs = at_frames(dub, end - start, float(info.fps))
+    return analyse_shot(info, start, end, probs, cfg.speaker, source_audio=source_audio)
+
+
+def decide_shot(
+    shot_index: int,
+    start: int,
+    end: int,
+    info: VideoInfo,
+    audio: np.ndarray,
+    sample_rate: int,
+    cfg: PipelineConfig,
+    cache: Path | None = None,
+    *,
+    planned: bool = False,
+) -> ShotDecision:
+    """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
+    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
+    ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
+    mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
+    speech = detect_speech(mono, sample_rate, cfg.speaker)
+    faces = None
+    if _needs_faces(shot_index, speech.has_speech, cfg):
+        if cache is not None and cache.is_file():
+            faces = _cached_faces(cache, mono)
+        if faces is None:
+            if planned:
+                log.warning(
+                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
+                )
+            faces = shot_faces(info, start, end, mono, sample_rate, cfg)
+            if cache is not None:
+                dub = None if faces.source_audio else _dub_digest(mono)
+                _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
+    try:
+        d = decide_dub(
+            shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
+            require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
+        )  # fmt: skip
+    except ValueError as ex:
+        raise ConfigError("gate", str(ex)) from ex
+    details: dict[str, Any] = {
+        "speech": speech.to_dict(),
+        "regions": [r.to_dict() for r in d.regions],
+        "faces": None if faces is None else faces.to_dict(),
+    }
+    return ShotDecision(d.dub, d.reason, details)
+
+
+def decision_regions(decision: ShotDecision) -> list[DubRegion]:
+    """The dubbed regions of a decision (shot-relative frames)."""
+    return [DubRegion.from_dict(r) for r in decision.details.get("regions") or []]
+
+
+def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
+    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score."""
+    out = []
+    for r in decision_regions(decision) if decision.dub else []:
+        out.append(
+            {
+                "start_frame": shot_start + r.start_frame,
+                "end_frame": shot_start + r.end_frame,
+                "box": list(r.plan.box),
+                "speaker": r.speaker,
+                "score": r.score,
+                "status": r.status,
+            }  # fmt: skip
+        )
+    return out
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write atomically (a temp file in the same folder, then rename): readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+__all__ = ["decide_shot", "decision_regions", "faces_path", "region_config", "regions_json", "shot_faces"]

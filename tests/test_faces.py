@@ -1,0 +1,84 @@
+"""Faces on film: YuNet recall on real faces (frontal to 3/4, 24-100 px), no boxes without faces, tracks
+through brief misses, and mouth activity that tells a talking face from a listener and a photo."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from tasks.config import load_config
+from tasks.face_analysis import analyse_frames
+from tasks.faces import FaceDetector
+from tasks.tracks import appearance, link_tracks
+from tasks.vad import at_frames, speech_probs
+from tests.speaker_cases import faceless, listener, seed_audio, seed_frames, two_up
+
+CFG = load_config().speaker
+
+
+@pytest.fixture(scope="module")
+def detector() -> FaceDetector:
+    return FaceDetector(CFG.detect_threshold, CFG.min_face_px)
+
+
+def _placed(frame: np.ndarray, scale: float) -> np.ndarray:
+    """The frame scaled by ``scale`` in the middle of a 640x360 grey canvas (cut to fit)."""
+    canvas = np.full((360, 640, 3), 90, np.uint8)
+    small = cv2.resize(frame, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)[:360]
+    y, x = (360 - small.shape[0]) // 2, (640 - small.shape[1]) // 2
+    canvas[y : y + small.shape[0], x : x + small.shape[1]] = small
+    return canvas
+
+
+@pytest.mark.parametrize("side", [24, 32, 48, 96])
+def test_recall_on_real_faces_down_to_24_px(detector, side):
+    """Every 8th frame of the five talking heads (turning heads included), scaled so the face is ~side px."""
+    found = total = 0
+    for i in range(1, 6):
+        frames = seed_frames(i)
+        ref = detector(_placed(frames[0], 1.0))[0]
+        scale = side / ref.width
+        for frame in frames[::8]:
+            faces = detector(_placed(frame, scale))
+            total += 1
+            found += bool(faces) and abs(faces[0].width - side) < 0.5 * side
+    assert found / total >= 0.95, (side, found, total)
+
+
+def test_no_boxes_without_faces(detector):
+    assert sum(len(detector(f)) for f in faceless(40)[::4]) == 0
+    assert detector(np.zeros((200, 300, 3), np.uint8)) == []
+    with pytest.raises(ValueError, match="at most 960"):
+        detector(np.zeros((1080, 1920, 3), np.uint8))
+
+
+def test_tracks_survive_brief_misses_and_keep_people_apart(detector):
+    frames = two_up(seed_frames(2), seed_frames(3))[:60]
+    dets = []
+    for t in range(0, 60, 4):
+        frame = frames[t] if t not in (20, 24) else np.full_like(frames[t], 60)  # two missed samples
+        faces = detector(frame)
+        dets.append((t, faces, [appearance(frame, f.box) for f in faces]))
+    tracks = link_tracks(dets, max_miss=3)
+    assert len(tracks) == 2
+    assert all(tr.start == 0 and tr.end == 57 for tr in tracks)
+    xs = sorted(np.asarray(tr.boxes)[:, 0].mean() for tr in tracks)
+    assert xs[0] < 320 < xs[1]
+    assert tracks[0].frames[3:6] == [12, 16, 28]  # seen again after the two missed samples
+    mid = tracks[0].boxes_at(np.array([22.0]))[0]  # interpolated across the miss
+    assert np.all(np.abs(mid - (tracks[0].boxes[4] + tracks[0].boxes[5]) / 2) < 1e-6)
+
+
+def test_mouth_activity_separates_talking_listening_and_a_photo():
+    n = 100
+    photo = np.repeat(seed_frames(3)[40:41], n, 0)
+    frames = two_up(seed_frames(2)[:n], listener(1, n))
+    frames[:, :, 320:] = two_up(photo, photo)[:, :, 320:]  # right half: the photo of a face instead
+    probs = at_frames(speech_probs(seed_audio(2)), n, 25.0)
+    shot = analyse_frames(iter(frames), n, probs, 25.0, CFG, (360, 640))
+    assert len(shot.tracks) == 2
+    by_side = {("left" if t.boxes[0][0] < 320 else "right"): t for t in shot.tracks}
+    assert by_side["right"].still and not by_side["left"].still
+    act = {k: np.nanmean([v for v in shot.activity[t.id] if v is not None]) for k, t in by_side.items()}
+    assert act["left"] > CFG.activity_on > act["right"]
