@@ -73,7 +73,16 @@ def _needs_faces(shot_index: int, has_speech: bool, cfg: PipelineConfig) -> bool
         raise ConfigError("gate.overrides", str(ex)) from ex
     if action == "skip" or (cfg.gate.policy == "none" and action != "dub"):
         return False
-    return action == "dub" or cfg.gate.policy == "all" or has_speech
+    forced = action == "dub" or cfg.gate.policy == "all"
+    if forced and cfg.region.mode == "full":  # dubbed on the whole frame whatever the faces
+        return False
+    return forced or has_speech
+
+
+def _no_faces(info: VideoInfo, start: int, end: int) -> ShotFaces:
+    """An analysis with no faces, for a shot whose decision and region cannot depend on the picture."""
+    w, h = info.display_size
+    return ShotFaces(end - start, float(info.fps), (h, w), (h, w), False, (), (), (), (), 1, 0.0)
 
 
 def shot_faces(
@@ -119,6 +128,8 @@ def decide_shot(
             if cache is not None:
                 dub = None if faces.source_audio else _dub_digest(mono)
                 _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
+    elif cfg.region.mode == "full":
+        faces = _no_faces(info, start, end)
     try:
         d = decide_dub(
             shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,

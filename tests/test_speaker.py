@@ -134,3 +134,21 @@ def test_multi_shot_film_estimate_json(tmp_path, capsys):
     x0, y0, x1, y1 = region["box"]
     assert 0 <= x0 < x1 <= 640 and 0 <= y0 < y1 <= 360
     assert shots[2]["regions"] == [] and shots[1]["regions"] == []
+
+
+def test_full_frame_forced_shots_skip_the_face_analysis(tmp_path):
+    """policy all + region.mode full: neither the decision nor the region depends on the picture, so no face
+    analysis runs (nothing is cached) and the shot is dubbed on the whole frame."""
+    case, n = CASES["speaker_left"], 30 * SR // FPS
+    info = probe(encode(tmp_path / "f.mp4", case.frames[:30], case.audio[:n]))
+    cfg = load_config(overrides=["gate.policy=all", "region.mode=full"])
+    cache = faces_path(tmp_path, 0, 0, 30, cfg)
+    d = decide_shot(0, 0, 30, info, case.audio[:n], SR, cfg, cache)
+    assert d.dub and not cache.exists()
+    (region,) = decision_regions(d)
+    assert (region.start_frame, region.end_frame, region.speaker) == (0, 30, None)
+    assert region.plan.mode == "full"
+    # the same shot in the default crop mode does read the faces (and caches them)
+    crop = load_config(overrides=["gate.policy=all"])
+    decide_shot(0, 0, 30, info, case.audio[:n], SR, crop, faces_path(tmp_path, 0, 0, 30, crop))
+    assert faces_path(tmp_path, 0, 0, 30, crop).exists()
