@@ -16,15 +16,19 @@ Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path sh
     workspace.json          what the key was made of, plus a random incarnation id (see below)
     attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
     shots/0042/             one folder per shot (4-digit index)
-        <intermediate>      the shot's rendered file, written through ``atomic_path``
-        chunks/             per-chunk checkpoints (resume inside a long shot)
-        done.json           written atomically and LAST: the shot is complete iff this exists
+        shot.mkv            the shot's lossless intermediate (written atomically by the renderer)
+        shot.chunks/        per-chunk checkpoints (resume inside a long shot; tasks/chunk_checkpoints.py)
+        done.json           written atomically and LAST: the shot is complete iff this exists, is readable
+                            and its ``result.file`` record (size, SHA-256, frames) matches ``shot.mkv``
         failed.json         the last failure's reason (removed when the shot completes)
 
 Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_cache_key`` (workspace
 key + incarnation + shot index + shot plan hash; never the flow run id). ``done.json`` is the second:
 a shot task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
 folder is recreated, so wiping a workspace also invalidates cache records that point into it.
+A marker that cannot be read, or whose intermediate no longer matches it, means "not done": it is
+removed with one log line naming the file, and the shot is rendered again (never a stuck state).
+Recording a failure or an attempt never raises (a full disk must not hide the error being recorded).
 No Prefect imports here: paths and files only.
 """
 
@@ -34,17 +38,29 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
-import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from enum import Enum
-from fractions import Fraction
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from flows.jsonfiles import (  # noqa: F401 (re-exported: the workspace's file helpers)
+    WorkspaceError,
+    _json_bytes,
+    _jsonable,
+    _publish_once,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_json,
+)
+from tasks.intermediates import verify
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 MANIFEST = "workspace.json"
@@ -53,10 +69,6 @@ FAILED = "failed.json"
 ATTEMPTS = "attempts.jsonl"
 _PROJECT_DIR = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("flows", "tasks", "model")  # the code a shot's pixels depend on (see code_version)
-
-
-class WorkspaceError(RuntimeError):
-    """A workspace file cannot be read or created (the message names the file)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,9 +247,45 @@ def shot_done(ws: Workspace, index: int, plan_hash: str | None = None) -> bool:
 
 
 def read_shot_done(ws: Workspace, index: int) -> dict[str, Any] | None:
-    """The shot's ``done.json`` record, or None when the shot is not complete."""
+    """The shot's ``done.json`` record, or None when the shot is not complete.
+
+    Cheap (one stat): an unreadable marker, or an intermediate missing or of another size than its
+    record, invalidates the marker. `verify_shot_done` also checks the content hash.
+    """
     path = ws.done_path(index)
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        record = read_json(path)
+        output = Path(record["output"])
+        size = (record.get("result") or {}).get("file", {}).get("size")
+    except (WorkspaceError, KeyError, TypeError, AttributeError) as exc:
+        return _invalidate(ws, index, f"{path}: unreadable done marker ({exc})")
+    try:
+        have = output.stat().st_size
+    except OSError as exc:
+        return _invalidate(ws, index, f"{output}: shot intermediate unreadable ({exc.strerror or exc})")
+    if size is not None and have != size:
+        return _invalidate(ws, index, f"{output}: {have} bytes, {size} recorded (truncated or replaced)")
+    return record
+
+
+def verify_shot_done(ws: Workspace, index: int) -> dict[str, Any] | None:
+    """`read_shot_done` plus the intermediate's content hash (one read of the file); None: not done."""
+    record = read_shot_done(ws, index)
+    if record is None:
+        return None
+    problem = verify(record["output"], (record.get("result") or {}).get("file"))
+    if problem is not None:
+        return _invalidate(ws, index, f"{record['output']}: {problem}")
+    return record
+
+
+def _invalidate(ws: Workspace, index: int, why: str) -> None:
+    """Mark shot ``index`` not done (its marker removed), with one log line saying why."""
+    log.warning("shot %04d: %s: not done, it will be rendered again", index, why)
+    with contextlib.suppress(OSError):
+        ws.done_path(index).unlink()
 
 
 def mark_shot_done(ws: Workspace, index: int, record: Mapping[str, Any]) -> Path:
@@ -248,15 +296,25 @@ def mark_shot_done(ws: Workspace, index: int, record: Mapping[str, Any]) -> Path
     return path
 
 
-def mark_shot_failed(ws: Workspace, index: int, reason: str, record: Mapping[str, Any] | None = None) -> Path:
-    """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where)."""
+def mark_shot_failed(
+    ws: Workspace, index: int, reason: str, record: Mapping[str, Any] | None = None
+) -> Path | None:
+    """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where).
+
+    Never raises: when the record cannot be written (a full disk) that is logged with the reason,
+    and the caller goes on reporting the original failure. None then.
+    """
     body = {
         "index": index,
         "failed": datetime.now(UTC).isoformat(timespec="seconds"),
         **(record or {}),
         "reason": reason,
     }
-    return atomic_write_json(ws.failed_path(index), body)
+    try:
+        return atomic_write_json(ws.failed_path(index), body)
+    except (OSError, TypeError) as exc:
+        log.error("shot %04d failed (%s); recording it also failed: %s", index, reason, exc)
+        return None
 
 
 def read_shot_failed(ws: Workspace, index: int) -> dict[str, Any] | None:
@@ -264,7 +322,11 @@ def read_shot_failed(ws: Workspace, index: int) -> dict[str, Any] | None:
     path = ws.failed_path(index)
     if not path.exists() or shot_done(ws, index):
         return None
-    return read_json(path)
+    try:
+        return read_json(path)
+    except WorkspaceError as exc:
+        log.warning("%s (ignored)", exc)
+        return None
 
 
 def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
@@ -272,15 +334,19 @@ def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
 
     The workspace's audit trail: which host, worker and device rendered each shot, and how long it took.
     One ``O_APPEND`` write per line, so concurrent writers on one file system never interleave lines.
+    Never raises (the audit line is logged instead when it cannot be written, e.g. on a full disk).
     """
     line = json.dumps(
         {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **_jsonable(record)}, sort_keys=True
     )
-    fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+        fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.error("%s: cannot record the attempt %s (%s)", ws.path / ATTEMPTS, line, exc.strerror or exc)
 
 
 def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
@@ -296,108 +362,5 @@ def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
 
 def read_shot_failure(ws: Workspace, index: int) -> str | None:
     """The last recorded failure reason of shot ``index``, if it is not done."""
-    path = ws.failed_path(index)
-    if not path.exists() or shot_done(ws, index):
-        return None
-    return str(read_json(path).get("reason", "unknown"))
-
-
-# ------------------------------------------------------------------------------ atomic writes
-
-
-@contextlib.contextmanager
-def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``final`` (same suffix); on success ``os.replace`` it into place.
-
-    On an exception the temporary file is removed and ``final`` is left untouched. The temporary name
-    keeps the final suffix so tools that pick a format from it (ffmpeg) behave the same.
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{final.suffix}")
-    try:
-        yield tmp
-        if tmp.is_file():
-            _fsync_file(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(final.parent)
-
-
-def atomic_write_bytes(final: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``final`` atomically (readers see the old file or the whole new one)."""
-    with atomic_path(final) as tmp:
-        tmp.write_bytes(data)
-    return Path(final)
-
-
-def atomic_write_json(final: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically."""
-    return atomic_write_bytes(final, _json_bytes(obj))
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file; errors name the file."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise WorkspaceError(f"{path}: cannot read JSON ({exc})") from exc
-
-
-# ---------------------------------------------------------------------------------- helpers
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n").encode()
-
-
-def _jsonable(obj: Any) -> Any:
-    """Plain-JSON view of configs and records (dataclasses, paths, fractions, enums, tuples, sets)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, set | frozenset):
-        return sorted(_jsonable(v) for v in obj)
-    if isinstance(obj, Enum):
-        return _jsonable(obj.value)
-    if isinstance(obj, Fraction):
-        return f"{obj.numerator}/{obj.denominator}"
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    raise TypeError(f"cannot hash a {type(obj).__name__} value: {obj!r}")
-
-
-def _publish_once(final: Path, data: bytes) -> None:
-    """Create ``final`` with ``data`` unless it already exists (first writer wins, never torn)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, final)
-    finally:
-        os.unlink(tmp)
-
-
-def _fsync_file(path: Path) -> None:
-    with path.open("rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    record = read_shot_failed(ws, index)
+    return None if record is None else str(record.get("reason", "unknown"))
