@@ -87,7 +87,7 @@ class Workspace:
         return self.path / "shots" / f"{index:04d}"
 
     def chunk_dir(self, index: int) -> Path:
-        return self.shot_dir(index) / "chunks"
+        return self.shot_dir(index) / "shot.chunks"  # the renderer's checkpoints of shot.mkv
 
     def done_path(self, index: int) -> Path:
         return self.shot_dir(index) / DONE

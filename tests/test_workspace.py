@@ -153,7 +153,7 @@ def test_open_workspace_key_layout_and_reopen(tmp_path: Path, film: Path):
     assert manifest["fingerprint"] == film_fingerprint(film)
     assert manifest["incarnation"] == ws.incarnation
     assert ws.shot_dir(42) == ws.path / "shots" / "0042"
-    assert ws.chunk_dir(42) == ws.path / "shots" / "0042" / "chunks"
+    assert ws.chunk_dir(42) == ws.path / "shots" / "0042" / "shot.chunks"
     assert ws.done_path(42) == ws.path / "shots" / "0042" / "done.json"
 
     assert open_workspace(root, film, CONFIG, version="1.0+abc") == ws  # reopen: same incarnation too
