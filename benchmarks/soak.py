@@ -38,6 +38,15 @@ from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
 from tests.stack import Stack, running_stack  # noqa: E402
 
 FPS = Fraction(24000, 1001)
+_PALETTE = (
+    (200, 40, 40),
+    (40, 180, 60),
+    (40, 60, 200),
+    (220, 200, 40),
+    (160, 40, 200),
+    (40, 200, 200),
+    (240, 240, 240),
+)
 
 
 def make_film(path: Path, shots: int, shot_s: float, size: tuple[int, int], seed: int = 0) -> int:
@@ -50,8 +59,10 @@ def make_film(path: Path, shots: int, shot_s: float, size: tuple[int, int], seed
            "-crf", "23", "-g", str(per_shot), "-pix_fmt", "yuv420p", str(path)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE)
     try:
-        for _ in range(shots):
-            base = rng.integers(30, 225, 3)
+        for i in range(shots):
+            base = np.array(_PALETTE[i % len(_PALETTE)]) + rng.integers(
+                -15, 15, 3
+            )  # neighbours differ: a hard cut
             tex = rng.integers(-20, 20, (h, w, 1))
             frame = np.clip(base + tex, 0, 255).astype(np.uint8)
             proc.stdin.write(frame.tobytes() * per_shot)
@@ -77,14 +88,14 @@ class RssSampler(threading.Thread):
 
     def __init__(self, pid: int, every_s: float = 1.0) -> None:
         super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak_mib, self._stop = pid, every_s, 0.0, threading.Event()
+        self.pid, self.every_s, self.peak_mib, self._halt = pid, every_s, 0.0, threading.Event()
 
     def _tree(self) -> list[int]:
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.pid)], capture_output=True, text=True)
         return [self.pid, *(int(p) for p in out.stdout.split())]
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             total = 0
             for pid in self._tree():
                 try:
@@ -94,10 +105,10 @@ class RssSampler(threading.Thread):
                 except OSError:
                     pass
             self.peak_mib = max(self.peak_mib, total / 1024)
-            self._stop.wait(self.every_s)
+            self._halt.wait(self.every_s)
 
     def stop(self) -> float:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return round(self.peak_mib, 1)
 

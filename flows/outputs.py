@@ -4,8 +4,8 @@ The deployment's ``out`` parameter can be set by anyone who reaches the Prefect 
 confined: the output path, fully resolved (``..`` and symlinks, before any check), must lie under an
 output root. The roots come from the host running the film flow, never from run parameters:
 ``DUBFLOW_OUTPUT_ROOTS`` (paths separated by ``os.pathsep``) or, when unset, the source's folder and
-the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). The output's folder must exist
-(only an output root itself is created). An existing file is replaced only when dubflow wrote it
+the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). A missing output folder under a
+root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it
 (the encode stamps the container's ``comment`` tag ``dubflow:<workspace key>``): a re-run of the
 same film and config replaces its own output, anything else only with ``overwrite``; a file dubflow
 did not write is never replaced. No Prefect here: paths, environment and one ffmpeg header read.
@@ -13,12 +13,15 @@ did not write is never replaced. No Prefect here: paths, environment and one ffm
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 
 from tasks import ffmpeg
 from tasks.errors import OutputError
+
+log = logging.getLogger(__name__)
 
 ROOTS_ENV = "DUBFLOW_OUTPUT_ROOTS"
 TAG_PREFIX = "dubflow:"
@@ -63,10 +66,10 @@ def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) 
             f"set {ROOTS_ENV} on the host running the film flow to allow another folder",
         )
     if not resolved.parent.is_dir():
-        if resolved.parent in roots:
-            resolved.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            raise OutputError(out, f"the folder {resolved.parent} does not exist (create it first)")
+        if resolved.parent.exists():
+            raise OutputError(out, f"{resolved.parent} is not a folder")
+        log.info("creating the output folder %s (under the output root)", resolved.parent)
+        resolved.parent.mkdir(parents=True, exist_ok=True)
     if resolved.exists():
         if not resolved.is_file():
             raise OutputError(out, "exists and is not a regular file")

@@ -42,8 +42,10 @@ def test_outputs_stay_under_the_roots_after_resolving(roots: Path, monkeypatch: 
     (roots / "films" / "link").symlink_to(roots / "other")  # a symlink inside a root leading out of it
     with pytest.raises(OutputError, match="outside the output roots"):
         confine_output(roots / "films" / "link" / "a.mp4", src)
-    with pytest.raises(OutputError, match=r"folder .*missing does not exist"):  # no silent mkdir
-        confine_output(roots / "films" / "missing" / "a.mp4", src)
+    assert confine_output(roots / "films" / "new" / "a.mp4", src).parent.is_dir()  # created (and logged)
+    (roots / "films" / "file").write_bytes(b"")
+    with pytest.raises(OutputError, match="is not a folder"):
+        confine_output(roots / "films" / "file" / "a.mp4", src)
     monkeypatch.setenv(ROOTS_ENV, f"{roots / 'other'}{os.pathsep}{roots / 'nowhere'}")
     assert confine_output(roots / "other" / "a.mp4", src) == roots / "other" / "a.mp4"
     with pytest.raises(OutputError, match="outside the output roots"):
