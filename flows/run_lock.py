@@ -83,7 +83,9 @@ def hold_lock(
             time.sleep(min(poll_s, max(0.01, deadline - time.monotonic())))
         stale = _read_owner(fd)
         if stale:  # a holder that ended without releasing: it died (a released lock is emptied)
-            log.warning("%s: taking over the lock of %s, which is no longer running", what, holder_text(stale))
+            log.warning(
+                "%s: taking over the lock of %s, which is no longer running", what, holder_text(stale)
+            )
         owner = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
