@@ -44,10 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tasks import infinitetalk as it  # noqa: E402
 from tasks.audio import prepare_dialogue  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
+from tasks.infinitetalk import InfiniteTalkBackend, load_spec, resolve_options  # noqa: E402
+from tasks.infinitetalk.cache import cached_tensors  # noqa: E402
+from tasks.infinitetalk.options import resolve_device  # noqa: E402
+from tasks.infinitetalk.resident import RESIDENT  # noqa: E402
 from tasks.plan import plan_shot  # noqa: E402
 from tasks.probe import probe  # noqa: E402
 from tasks.render import ShotJob, render_shot_result  # noqa: E402
@@ -167,11 +170,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "frames.bucket=480",
         ]
     cfg = load_config(overrides=overrides)
-    opts = it.resolve_options(cfg)
-    device = it._device(opts.device)
+    opts = resolve_options(cfg)
+    device = resolve_device(opts.device)
     if not args.tiny:
         components = real_size_models(work, with_t5=not args.no_t5)
-        it.RESIDENT.install(root, it.load_spec(opts, device), components)
+        RESIDENT.install(root, load_spec(opts, device), components)
         if args.no_t5:  # a random context stands in for umT5's (cached like the real one would be)
             _fake_prompt_cache(cfg, work)
     build_s = time.perf_counter() - t0
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(work / "out.mkv"),
         cfg.to_dict(), work_dir=str(work / "run"),
     )  # fmt: skip
-    backend = it.InfiniteTalkBackend({}, config=cfg)
+    backend = InfiniteTalkBackend({}, config=cfg)
     dit = backend.models("dit")["dit"]
     calls: list[int] = []
     hook = dit.register_forward_pre_hook(lambda module, inputs: calls.append(1))
@@ -228,14 +231,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _fake_prompt_cache(cfg: Any, work: Path) -> None:
     """Pre-write the per-film prompt cache with a random 512 x 4096 context (as if umT5 had run)."""
-    backend = it.InfiniteTalkBackend({}, config=cfg)
+    backend = InfiniteTalkBackend({}, config=cfg)
     gen = torch.Generator().manual_seed(4)
 
     def random_context() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         ctx = {k: torch.randn(512, 4096, generator=gen) for k in ("context", "context_null")}
         return ctx, {"prompt": "random (umT5 skipped)"}
 
-    it.cached_tensors(backend.prompt_cache_path(work / "run" / "film"), random_context)
+    cached_tensors(backend.prompt_cache_path(work / "run" / "film"), random_context)
 
 
 def main(argv: list[str] | None = None) -> int:

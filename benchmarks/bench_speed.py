@@ -22,7 +22,7 @@ would not cover it; skipped and failed sections are listed in the output):
              24 GiB cap (`torch.cuda.set_per_process_memory_fraction`)
   vae        Wan VAE encode / decode of 81 frames at 480P, fp32 and bf16 (`bench_vae.random_vae`)
   encoders   CLIP ViT-H/14 on one frame (per chunk) and umT5-XXL on 512 tokens (per shot)
-  chunk      whole chunks through `model.sampler.stream_generate` (fast mode: 4 steps, fp8, 1 call)
+  chunk      whole chunks through `model.stream.stream_generate` (fast mode: 4 steps, fp8, 1 call)
              with split DiT / VAE / encoders, CPU post-processing inline vs on a `Prefetcher`
              thread, and GPU idle %; quality mode (40 steps, 3 calls) composed from measured parts
 
@@ -60,18 +60,14 @@ from bench_dit import SIZES, build_random_model, forward_flops  # noqa: E402
 from bench_vae import random_vae  # noqa: E402
 
 from model.compile import compile_blocks, compiled_graph_count  # noqa: E402
+from model.conditioning import Conditioning  # noqa: E402
 from model.config import DIT_PRESETS, DiTConfig  # noqa: E402
 from model.dit import InfiniteTalkDiT, sinusoidal_embedding  # noqa: E402
 from model.fp8 import convert_to_fp8, quantize_rows  # noqa: E402
 from model.offload import BlockOffload  # noqa: E402
 from model.prefetch import Prefetcher  # noqa: E402
-from model.sampler import (  # noqa: E402
-    Conditioning,
-    SamplerSettings,
-    denoise_chunk,
-    stream_generate,
-    timestep_schedule,
-)
+from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule  # noqa: E402
+from model.stream import stream_generate  # noqa: E402
 from model.teacache import TeaCache, TeaCacheConfig  # noqa: E402
 from model.vae import VAEConfig  # noqa: E402
 

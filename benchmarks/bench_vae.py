@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from model.vae import CausalVAE, TileSpec, VAEConfig, WanVAE
+from model.tiling import TileSpec
+from model.vae import CausalVAE, VAEConfig, WanVAE
 
 SIZES = {"480p": (480, 832), "720p": (720, 1280)}
 TINY_SIZES = {"32x48": (32, 48)}

@@ -1,40 +1,35 @@
-"""safetensors checkpoint utilities and the InfiniteTalk DiT loader.
+"""The checkpoint helpers every loader in `model/` uses: one error type, strict checks, strict assignment.
 
-Generic pieces (reused by the encoder loaders): `read_safetensors_index` finds shards through the
-`<stem>.safetensors.index.json` (or a single `<stem>.safetensors`), `read_safetensors` reads tensors
-through a memory-mapped `safe_open`, `check_keys` / `load_into` apply a state dict strictly to a module
-built on the meta device (`assign=True`), with errors that name the file and every bad key.
-
-`load_dit` reproduces what the official pipeline loads (Wan2.1 shards + `infinitetalk.safetensors`,
-merged with later files winning, strict) and casts every floating tensor to the run dtype, as the
-official `to(param_dtype)` + `to_param_dtype_fp32only` do (nothing is kept in float32; the float32
-islands are in the forward instead).
+Holds `CheckpointError`, key previews, `read_json`, the safetensors readers (`safetensors_keys`,
+`read_safetensors_index` finding shards through `<stem>.safetensors.index.json` or a single
+`<stem>.safetensors`, `read_safetensors` through a memory-mapped `safe_open`), `read_torch_state`
+for `torch.save` files, `check_keys`, and `strict_assign`, THE one way a state dict goes into a
+(meta-built) module: keys and shapes checked first, floats cast, tensors moved, errors naming the
+file and every bad key. It must not know any component (no model classes, no layouts): it imports
+nothing from `model/`, so every loader can import it from below (`model.dit_loader`, `model.vae`,
+`model.t5`, `model.clip`, `model.quant`, ...).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from model.config import ConfigError, DiTConfig
-from model.dit import InfiniteTalkDiT
-
-log = logging.getLogger(__name__)
-
-DIT_STEM = "diffusion_pytorch_model"
+PREVIEW_LIMIT = 20  # keys listed in one error before "... (+N more)"
+SHAPE_PROBLEM_LIMIT = 8  # wrong-shape tensors listed in one error
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable, or does not fit the model."""
 
 
-def _list_preview(items: list[str], limit: int = 50) -> str:
+def key_preview(items: list[str], limit: int = PREVIEW_LIMIT) -> str:
+    """The first `limit` items, comma-separated, and how many more there are."""
     shown = ", ".join(items[:limit])
     return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
@@ -77,7 +72,7 @@ def read_safetensors_index(directory: Path, stem: str) -> dict[str, Path]:
         files = {name: directory / name for name in sorted(set(weight_map.values()))}
         missing = [str(p) for p in files.values() if not p.is_file()]
         if missing:
-            raise CheckpointError(f"{index}: shard file(s) not found: {_list_preview(missing)}")
+            raise CheckpointError(f"{index}: shard file(s) not found: {key_preview(missing)}")
         return {key: files[name] for key, name in weight_map.items()}
     if single.is_file():
         return dict.fromkeys(safetensors_keys(single), single)
@@ -101,7 +96,7 @@ def read_safetensors(
             absent = [k for k in wanted if k not in available]
             if absent:
                 raise CheckpointError(
-                    f"{path}: missing tensor(s) listed for this file: {_list_preview(absent)}"
+                    f"{path}: missing tensor(s) listed for this file: {key_preview(absent)}"
                 )
             for key in wanted:
                 tensor = f.get_tensor(key)
@@ -119,87 +114,78 @@ def read_safetensors(
     return out
 
 
-def check_keys(expected: Iterable[str], got: Iterable[str], source: str) -> None:
-    """Raise one error naming every missing and unexpected key."""
+def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
+    """Memory-map a `torch.save(state_dict)` file (weights only: nothing in it is executed)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, pickle and zip errors for damaged files
+        raise CheckpointError(f"{path}: cannot read torch checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a flat state_dict of tensors")
+    return state
+
+
+def _key_problems(expected: Iterable[str], got: Iterable[str], name: Callable[[str], str]) -> list[str]:
+    """The missing-key and unexpected-key problems (keys as `name` spells them); empty when they match."""
     expected_set, got_set = set(expected), set(got)
-    missing = sorted(expected_set - got_set)
-    unexpected = sorted(got_set - expected_set)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s): {_list_preview(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {_list_preview(unexpected)}")
-        raise CheckpointError(f"{source}: " + "; ".join(parts))
+    missing = sorted({name(k) for k in expected_set - got_set})
+    unexpected = sorted({name(k) for k in got_set - expected_set})
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing key(s): {key_preview(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s): {key_preview(unexpected)}")
+    return problems
 
 
-def load_into(
-    module: nn.Module,
-    state_dict: Mapping[str, torch.Tensor],
-    source: str,
+def check_keys(expected: Iterable[str], got: Iterable[str], source: str) -> None:
+    """Raise one error naming `source` and every missing and unexpected key."""
+    problems = _key_problems(expected, got, str)
+    if problems:
+        raise CheckpointError(f"{source}: " + "; ".join(problems))
+
+
+def strict_assign(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: Path | str,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    file_name: Callable[[str], str] | None = None,
     origins: Mapping[str, str] | None = None,
 ) -> nn.Module:
-    """Strictly assign `state_dict` to `module` (built on meta or not), checking keys and shapes first.
+    """Check `state` against a (meta-built) model, cast floats to `dtype`, move to `device`, assign in place.
 
-    `origins` (key -> file) makes shape errors name the file each tensor came from.
+    Keys and shapes are checked before anything is copied; one error names `source` and every bad
+    key as the file spells it (`file_name` maps a converted key back); `origins` (key -> file)
+    makes shape errors name the file each tensor came from. Tensors shared between keys (tied
+    weights) stay shared; a tensor left on the meta device afterwards is an error.
     """
-    expected = module.state_dict()
-    check_keys(expected, state_dict, source)
-    bad = []
-    for key, tensor in state_dict.items():
-        want = tuple(expected[key].shape)
-        if tuple(tensor.shape) != want:
-            where = origins.get(key, source) if origins else source
-            bad.append(f"{where}: {key} has shape {tuple(tensor.shape)}, model expects {want}")
-        if len(bad) >= 20:
-            break
-    if bad:
-        raise CheckpointError("wrong tensor shape(s): " + "; ".join(bad))
-    module.load_state_dict(state_dict, strict=True, assign=True)
-    return module
-
-
-def load_dit(
-    wan_dir: Path | str,
-    infinitetalk_file: Path | str,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | str = "cpu",
-    config: DiTConfig | None = None,
-) -> InfiniteTalkDiT:
-    """Build the DiT on the meta device and fill it from the official files (strict, mmap'd).
-
-    wan_dir holds `config.json` and the `diffusion_pytorch_model` shards (index json or one file);
-    infinitetalk_file holds the audio-adapter keys. Floating tensors are cast to `dtype`.
-    """
-    wan_dir, infinitetalk_file = Path(wan_dir), Path(infinitetalk_file)
-    if config is None:
-        config_path = wan_dir / "config.json"
-        try:
-            config = DiTConfig.from_official(read_json(config_path), source=str(config_path))
-        except ConfigError as exc:
-            raise CheckpointError(str(exc)) from exc
-    if not infinitetalk_file.is_file():
-        raise CheckpointError(f"{infinitetalk_file}: file not found")
-
-    # key -> file, Wan shards first, the InfiniteTalk file last (later files win, as officially)
-    weight_map = read_safetensors_index(wan_dir, DIT_STEM)
-    for key in safetensors_keys(infinitetalk_file):
-        if key in weight_map:
-            log.warning("%s overrides %s from %s", infinitetalk_file, key, weight_map[key])
-        weight_map[key] = infinitetalk_file
-    by_file: dict[Path, list[str]] = {}
-    for key, path in weight_map.items():
-        by_file.setdefault(path, []).append(key)
-
-    with torch.device("meta"):
-        model = InfiniteTalkDiT(config)
-    check_keys(model.state_dict(), weight_map, f"{wan_dir} + {infinitetalk_file.name}")
-
-    state: dict[str, torch.Tensor] = {}
-    for path, keys in by_file.items():
-        state.update(read_safetensors(path, keys, dtype=dtype, device=device))
-    origins = {key: str(path) for key, path in weight_map.items()}
-    load_into(model, state, f"{wan_dir} + {infinitetalk_file.name}", origins)
-    log.info("loaded InfiniteTalk DiT (%d layers, dim %d) from %s", config.num_layers, config.dim, wan_dir)
-    return model.eval().requires_grad_(False)
+    name = file_name or str
+    origins = origins or {}
+    expected = model.state_dict()
+    shapes = []
+    for k, v in state.items():
+        if k in expected and v.shape != expected[k].shape and len(shapes) < SHAPE_PROBLEM_LIMIT:
+            where = f"{origins[k]}: " if k in origins else ""  # the file, when the tensors came from several
+            shapes.append(
+                f"{where}{name(k)} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
+            )
+    problems = _key_problems(expected, state, name) + shapes
+    if problems:
+        raise CheckpointError(f"{source}: " + "; ".join(problems))
+    converted: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in state.items():
+        if id(v) not in converted:
+            cast = dtype if (dtype is not None and v.is_floating_point()) else v.dtype
+            converted[id(v)] = v.to(device=device, dtype=cast)
+        out[k] = converted[id(v)]
+    model.load_state_dict(out, strict=True, assign=True)
+    left = sorted(n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta)
+    if left:
+        raise CheckpointError(f"{source}: tensors not initialised after loading: {', '.join(left[:6])}")
+    return model

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from transformers import CLIPVisionConfig, CLIPVisionModel
 
+from model.checkpoint import CheckpointError, read_torch_state, strict_assign
+
 log = logging.getLogger(__name__)
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -198,8 +200,6 @@ def load_clip(
     config: ClipVisionConfig | None = None,
 ) -> ClipImageEncoder:
     """Load the vision tower of the official CLIP file strictly (text tower ignored)."""
-    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
-
     pth = Path(pth)
     official = read_torch_state(pth)
     try:

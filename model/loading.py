@@ -4,100 +4,29 @@
 their weights assigned from memory-mapped files with strict key and shape checks, so a wrong or
 damaged file fails before any compute with an error naming the file (and key). The components are
 cross-checked against the DiT's config (text width, CLIP width, audio layers x width, latent channels).
+This file only composes the component loaders (`model.dit_loader`, `model.vae`, `model.t5`,
+`model.clip`, `model.wav2vec`, `model.quant`, `model.lora`) and places the DiT (fp8, offload,
+attention backend, compile); reading and strictly assigning checkpoints is `model.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from model.checkpoint import CheckpointError, load_into
+from model.checkpoint import CheckpointError
 from model.weights import QUANTS, WeightsLayout, layout_for
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("dit", "vae", "t5", "clip", "audio")
 
-__all__ = [
-    "COMPONENTS",
-    "CheckpointError",
-    "LoadSpec",
-    "Models",
-    "load_models",
-    "read_torch_state",
-    "strict_assign",
-]
-
-
-# ---------------------------------------------------------------------------------------------
-# generic helpers for torch.save checkpoints (the safetensors ones live in model.checkpoint)
-
-
-def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
-    """Memory-map a `torch.save(state_dict)` file (weights only: nothing in it is executed)."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, pickle and zip errors for damaged files
-        raise CheckpointError(f"{path}: cannot read torch checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{path}: expected a flat state_dict of tensors")
-    return state
-
-
-def _preview(keys: list[str], limit: int = 8) -> str:
-    return ", ".join(keys[:limit]) + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def strict_assign(
-    model: nn.Module,
-    state: dict[str, torch.Tensor],
-    *,
-    source: Path | str,
-    dtype: torch.dtype | None,
-    device: torch.device | str,
-    file_name: Callable[[str], str] | None = None,
-) -> None:
-    """Check `state` against a (meta-built) model, cast floats to `dtype`, move, and assign in place.
-
-    Keys and shapes are checked before anything is copied; errors name `source` and each key as the
-    file spells it (`file_name` maps a converted key back). Tensors shared between keys (tied
-    weights) stay shared; a tensor left on the meta device afterwards is an error.
-    """
-    name = file_name or (lambda k: k)
-    expected = model.state_dict()
-    problems = []
-    missing = sorted({name(k) for k in set(expected) - set(state)})
-    unexpected = sorted({name(k) for k in set(state) - set(expected)})
-    if missing:
-        problems.append(f"{len(missing)} missing key(s): {_preview(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected key(s): {_preview(unexpected)}")
-    problems += [
-        f"{name(k)} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
-        for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
-    ][:8]
-    if problems:
-        raise CheckpointError(f"{source}: " + "; ".join(problems))
-    converted: dict[int, torch.Tensor] = {}
-    out = {}
-    for k, v in state.items():
-        if id(v) not in converted:
-            cast = dtype if (dtype is not None and v.is_floating_point()) else v.dtype
-            converted[id(v)] = v.to(device=device, dtype=cast)
-        out[k] = converted[id(v)]
-    load_into(model, out, str(source))
-    left = sorted(n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta)
-    if left:
-        raise CheckpointError(f"{source}: tensors not initialised after loading: {', '.join(left[:6])}")
+__all__ = ["COMPONENTS", "LoadSpec", "Models", "load_models"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +94,7 @@ class Models:
 
 
 def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
-    from model.checkpoint import load_dit  # noqa: PLC0415
+    from model.dit_loader import load_dit  # noqa: PLC0415
     from model.lora import merge_lora  # noqa: PLC0415
 
     wan = root / layout.wan_dir

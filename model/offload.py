@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from model.config import DiTConfig
-from model.vae import TileSpec
+from model.tiling import TileSpec
 
 log = logging.getLogger(__name__)
 

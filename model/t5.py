@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5Config, UMT5EncoderModel
 
+from model.checkpoint import CheckpointError, read_torch_state, strict_assign
+
 log = logging.getLogger(__name__)
 
 
@@ -197,8 +199,6 @@ def build_umt5(cfg: T5Config) -> UMT5EncoderModel:
 
 
 def load_tokenizer(tokenizer_dir: Path | str) -> PreTrainedTokenizerBase:
-    from model.checkpoint import CheckpointError  # noqa: PLC0415
-
     if not Path(tokenizer_dir).is_dir():
         raise CheckpointError(f"{tokenizer_dir}: tokenizer folder not found")
     try:
@@ -211,8 +211,6 @@ def load_umt5(
     pth: Path | str, *, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
 ) -> UMT5EncoderModel:
     """Load `models_t5_umt5-xxl-enc-bf16.pth` strictly into a meta-built `UMT5EncoderModel`."""
-    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
-
     pth = Path(pth)
     official = read_torch_state(pth)
     try:

@@ -16,6 +16,7 @@ from torch import nn
 
 from model.config import DiTConfig
 from model.dit import InfiniteTalkDiT, LayerNorm32, RMSNorm
+from model.weights import DIT_STEM
 
 # The real Wan2.1-I2V-14B config.json has `_class_name`, `_diffusers_version` and these keys; other WanModel kwargs are written only when
 # they differ from the WanModel defaults (as the tiny parity config does).
@@ -31,7 +32,6 @@ _WAN_CONFIG_KEYS = (
     "out_dim",
     "text_len",
 )
-_DIT_STEM = "diffusion_pytorch_model"
 
 
 def is_audio_key(key: str) -> bool:
@@ -108,13 +108,13 @@ def write_tiny_dit(
     total = 0
     for i in range(n_shards):
         keys = wan_keys[i * per_shard : (i + 1) * per_shard]
-        name = f"{_DIT_STEM}-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+        name = f"{DIT_STEM}-{i + 1:05d}-of-{n_shards:05d}.safetensors"
         save_file({k: state[k] for k in keys}, str(wan_dir / name), metadata={"format": "pt"})
         for k in keys:
             weight_map[k] = name
             total += state[k].numel() * state[k].element_size()
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (wan_dir / f"{_DIT_STEM}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (wan_dir / f"{DIT_STEM}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
     audio = {k: state[k] for k in sorted(state) if is_audio_key(k)}
     save_file(audio, str(infinitetalk_file), metadata={"format": "pt"})
@@ -340,7 +340,7 @@ def write_tiny_quant(
     (`<out>.safetensors` + `<out>.json` quantization map)."""
     from optimum.quanto import freeze, qfloat8, qint8, quantization_map, quantize  # noqa: PLC0415
 
-    from model.checkpoint import load_dit  # noqa: PLC0415
+    from model.dit_loader import load_dit  # noqa: PLC0415
 
     model = load_dit(wan_dir, infinitetalk_file, dtype=torch.float32)
     quantize(model, weights={"fp8": qfloat8, "int8": qint8}[quant])

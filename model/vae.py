@@ -6,7 +6,7 @@ frame 0, then 4 frames at a time; decode: one latent frame at a time). Every cau
 last input frames of the previous chunk in an explicit `CausalCache` that the caller owns, so a
 stream can be continued across calls and nothing is stored on the modules between calls.
 
-Optional spatial tiling (`TileSpec`) bounds peak memory for 720P. It is NOT exact: besides zero
+Optional spatial tiling (`model.tiling.TileSpec`) bounds peak memory for 720P. It is NOT exact: besides zero
 padding at tile borders, the mid-block self-attention spans the whole frame, so every value changes
 a little (see `tests/test_vae.py` for the measured error).
 """
@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.checkpoint import CheckpointError, read_torch_state, strict_assign
+from model.tiling import SPACE_STRIDE, TileSpec, tiled_apply
+
 log = logging.getLogger(__name__)
 
 # Per-channel latent statistics of the official WanVAE wrapper (float32).
@@ -34,7 +37,6 @@ LATENT_STD = (
 )  # fmt: skip
 
 TIME_STRIDE = 4
-SPACE_STRIDE = 8
 
 
 @dataclass(frozen=True)
@@ -67,18 +69,6 @@ class CausalCache:
     @property
     def started(self) -> bool:
         return bool(self.frames)
-
-
-@dataclass(frozen=True)
-class TileSpec:
-    """Spatial tiling in pixels (multiples of 8): tiles of `tile` px every `stride` px, blended linearly."""
-
-    tile: int = 256
-    stride: int = 192
-
-    def __post_init__(self) -> None:
-        if self.tile % SPACE_STRIDE or self.stride % SPACE_STRIDE or not 0 < self.stride <= self.tile:
-            raise ValueError(f"TileSpec needs multiples of 8 with 0 < stride <= tile, got {self}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,58 +315,6 @@ class CausalVAE(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# spatial tiling
-
-
-def _tile_starts(size: int, tile: int, stride: int) -> list[int]:
-    if size <= tile:
-        return [0]
-    starts = list(range(0, size - tile, stride))
-    return [*starts, size - tile]  # the last tile is pulled back to end at the border
-
-
-def _blend_ramp(starts: list[int], length: int, i: int, size: int) -> torch.Tensor:
-    """1D blend weight of tile i: linear ramps over its overlaps with the neighbouring tiles."""
-    s, e = starts[i], min(starts[i] + length, size)
-    w = torch.ones(e - s, dtype=torch.float64)
-    if i > 0:
-        n = min(starts[i - 1] + length, size) - s
-        up = torch.arange(1, n + 1, dtype=torch.float64) / (n + 1)
-        w[:n] = torch.minimum(w[:n], up)
-    if i < len(starts) - 1:
-        n = e - starts[i + 1]
-        down = torch.arange(n, 0, -1, dtype=torch.float64) / (n + 1)
-        w[e - s - n :] = torch.minimum(w[e - s - n :], down)
-    return w
-
-
-def _tiled(
-    fn, x: torch.Tensor, tile: int, stride: int, factor: int, out_channels: int, out_frames: int
-) -> torch.Tensor:
-    """Run `fn` on overlapping spatial tiles of x (B, C, T, H, W) and blend the upscaled-by-`factor` outputs.
-
-    `tile`/`stride` are in x's pixels; `factor` is output pixels per input pixel (8 decode, 1/8 encode).
-    """
-    b, _, _, h, w = x.shape
-    hs, ws = _tile_starts(h, tile, stride), _tile_starts(w, tile, stride)
-    oh, ow = int(h * factor), int(w * factor)
-    out = torch.zeros(b, out_channels, out_frames, oh, ow, dtype=torch.float32, device=x.device)
-    weight = torch.zeros(oh, ow, dtype=torch.float32, device=x.device)
-    o_hs, o_ws = [int(s * factor) for s in hs], [int(s * factor) for s in ws]
-    o_tile_h, o_tile_w = int(min(tile, h) * factor), int(min(tile, w) * factor)
-    for i, h0 in enumerate(hs):
-        wh = _blend_ramp(o_hs, o_tile_h, i, oh)
-        for j, w0 in enumerate(ws):
-            ww = _blend_ramp(o_ws, o_tile_w, j, ow)
-            y = fn(x[:, :, :, h0 : h0 + tile, w0 : w0 + tile]).float()  # (B, C', T', th, tw)
-            wt = (wh[:, None] * ww[None, :]).to(out.device, torch.float32)  # (th, tw)
-            ys, xs = o_hs[i], o_ws[j]
-            out[..., ys : ys + wt.shape[0], xs : xs + wt.shape[1]] += y * wt
-            weight[ys : ys + wt.shape[0], xs : xs + wt.shape[1]] += wt
-    return out / weight
-
-
-# ---------------------------------------------------------------------------------------------
 # public wrapper
 
 
@@ -415,7 +353,7 @@ class WanVAE:
                     "tiled encode keeps one cache per tile; streaming with a cache is untiled only"
                 )
             frames = 1 + (x.shape[2] - 1) // TIME_STRIDE
-            mu = _tiled(
+            mu = tiled_apply(
                 self.model.encode, x, tiling.tile, tiling.stride, 1 / SPACE_STRIDE, self.z_dim, frames
             )
         return (mu.float() - self.mean) * self.inv_std
@@ -441,7 +379,7 @@ class WanVAE:
                 )
             frames = 1 + TIME_STRIDE * (z.shape[2] - 1)
             tile, stride = tiling.tile // SPACE_STRIDE, tiling.stride // SPACE_STRIDE
-            video = _tiled(self.model.decode, z, tile, stride, SPACE_STRIDE, 3, frames)
+            video = tiled_apply(self.model.decode, z, tile, stride, SPACE_STRIDE, 3, frames)
         return video.clamp_(-1.0, 1.0) if clamp else video
 
 
@@ -475,8 +413,6 @@ def load_vae(
     config: VAEConfig | None = None,
 ) -> WanVAE:
     """Load `Wan2.1_VAE.pth` (or a tiny one) strictly into a meta-built model; returns the scaled wrapper."""
-    from model.loading import CheckpointError, read_torch_state, strict_assign  # noqa: PLC0415 (import cycle)
-
     pth = Path(pth)
     state = read_torch_state(pth)
     try:

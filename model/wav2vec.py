@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
+from model.checkpoint import CheckpointError
+
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
@@ -212,8 +214,6 @@ def load_wav2vec(
     model_dir: Path | str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> AudioEncoder:
     """Load a local HF wav2vec2 directory (e.g. chinese-wav2vec2-base); missing weights are an error."""
-    from model.checkpoint import CheckpointError  # noqa: PLC0415
-
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir / 'config.json'}: wav2vec2 config not found")

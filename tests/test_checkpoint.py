@@ -9,14 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.checkpoint import (
-    CheckpointError,
-    check_keys,
-    load_dit,
-    read_safetensors_index,
-    safetensors_keys,
-)
+from model.checkpoint import CheckpointError, check_keys, read_safetensors_index, safetensors_keys
 from model.config import DIT_PRESETS
+from model.dit_loader import load_dit
 from model.tiny import is_audio_key, write_tiny_dit
 
 CFG = DIT_PRESETS["tiny"]

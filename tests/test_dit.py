@@ -231,7 +231,7 @@ def test_config_from_official():
 def test_cuda_parity_and_backends(monkeypatch):
     """Golden two-speaker call on CUDA: float32 at parity tolerance, bf16 loosely, all SDPA kernels."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # exact fp32 patch-embedding conv
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from tests.parity.common import load_tensors
 
     case = PARITY_DIT / "case_b_two_speakers"

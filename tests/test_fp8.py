@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.checkpoint import load_dit
+from model.dit_loader import load_dit
 from model.fp8 import (
     FP8_DTYPE,
     Fp8Linear,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tasks.infinitetalk as it
+import tasks.infinitetalk.resident as it
 from tasks.audio import prepare_dialogue, slice_bounds
 from tasks.backend import get_backend
 from tasks.config import GateConfig, load_config

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from model.sampler import chunk_audio_indices, plan_chunks
+from model.chunks import chunk_audio_indices, plan_chunks
 from model.wav2vec import frame_count
 from tasks.audio import sample_at_frame
 from tasks.config import PlanConfig

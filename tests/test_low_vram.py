@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from flows.dub_film import NON_SHOT_CONFIG
+from flows.film_tasks import NON_SHOT_CONFIG
 from flows.workspace import config_hash
 from model.config import DIT_PRESETS
 from model.offload import (
@@ -24,7 +24,7 @@ from model.offload import (
     resident_need,
     working_bytes_per_token,
 )
-from model.vae import TileSpec
+from model.tiling import TileSpec
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options

@@ -46,7 +46,7 @@ FORWARD_CASES = {
 
 def load_parts(device: torch.device | str = "cpu"):
     """The tiny parity DiT (float32) and VAE."""
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
 
     weights = PARITY / "dit" / "weights"
@@ -97,7 +97,9 @@ def run_teacache(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run_stream(model, vae, sp: SequenceParallel | None) -> list[torch.Tensor]:
     """A 2-speaker shot of 13 frames in chunks of 9 (3 latent frames, then 2), two steps each."""
-    from model.sampler import Conditioning, sampler_preset, speaker_masks, stream_generate
+    from model.conditioning import Conditioning, speaker_masks
+    from model.sampler import sampler_preset
+    from model.stream import stream_generate
     from tasks.color import match_and_blend
 
     g = torch.Generator().manual_seed(3)

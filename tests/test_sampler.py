@@ -11,23 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from model.chunks import ChunkSpec, chunk_audio_indices, plan_chunks, plan_chunks_official
+from model.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
 from model.guidance import APGState, adaptive_projected_guidance, apg_combine
-from model.sampler import (
-    ChunkSpec,
-    Conditioning,
-    SamplerSettings,
-    StreamState,
-    add_noise,
-    branch_inputs,
-    chunk_audio_indices,
-    official_bbox_to_xyxy,
-    plan_chunks,
-    plan_chunks_official,
-    sampler_preset,
-    speaker_masks,
-    stream_generate,
-    timestep_schedule,
-)
+from model.sampler import SamplerSettings, add_noise, sampler_preset, timestep_schedule
+from model.stream import StreamState, stream_generate
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"
 H = W = 16  # pixels; latent 2x2
@@ -36,7 +24,7 @@ H = W = 16  # pixels; latent 2x2
 @pytest.fixture(scope="module")
 def parts():
     """The real tiny DiT, VAE and colour correction from the parity fixtures."""
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
     from tasks.color import match_and_blend
 
@@ -336,7 +324,7 @@ def test_denoise_strength_starts_at_its_timestep(parts) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) -> None:
-    from model.checkpoint import load_dit
+    from model.dit_loader import load_dit
     from model.vae import load_vae
     from tasks.color import match_and_blend
 

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from model.checkpoint import CheckpointError
-from model.vae import CausalCache, TileSpec, WanVAE, _tiled, load_vae
+from model.tiling import TileSpec
+from model.tiling import tiled_apply as _tiled
+from model.vae import CausalCache, WanVAE, load_vae
 
 WEIGHTS = Path(__file__).parent / "fixtures" / "parity" / "vae" / "weights" / "tiny_wan_vae.pth"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from model.checkpoint import read_torch_state, strict_assign
 from model.clip import (
     ClipImageEncoder,
     ClipVisionConfig,
@@ -22,7 +23,6 @@ from model.clip import (
     convert_state,
     load_clip,
 )
-from model.loading import read_torch_state, strict_assign
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import DIT_STEM, load_dit, safetensors_keys
+from model.checkpoint import safetensors_keys
 from model.dit import InfiniteTalkDiT, reference_attention_map, token_masks
+from model.dit_loader import load_dit
 from model.teacache import TeaCache, TeaCacheConfig
+from model.weights import DIT_STEM
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

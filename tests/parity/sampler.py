@@ -12,23 +12,12 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import load_dit
+from model.chunks import chunk_audio, chunk_audio_indices, mirror_pad_length, plan_chunks_official
+from model.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
+from model.dit_loader import load_dit
 from model.guidance import APGState, adaptive_projected_guidance, apg_combine, cfg_combine, guidance_branches
-from model.sampler import (
-    Conditioning,
-    SamplerSettings,
-    add_noise,
-    branch_inputs,
-    chunk_audio,
-    chunk_audio_indices,
-    euler_update,
-    mirror_pad_length,
-    official_bbox_to_xyxy,
-    plan_chunks_official,
-    speaker_masks,
-    stream_generate,
-    timestep_schedule,
-)
+from model.sampler import SamplerSettings, add_noise, euler_update, timestep_schedule
+from model.stream import stream_generate
 from model.vae import load_vae
 from tasks.color import match_and_blend
 from tests.parity.common import assert_close, load_tensors, rel_err

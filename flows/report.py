@@ -1,0 +1,116 @@
+"""What a film run reports from its workspace markers: the per-shot records the run plans with, the shot
+table rows (done / copied / failed / planned, and why), each group's done/failed shots and workers, the
+groups table artifact and the summed per-stage shot timings.
+
+Reads markers only (never writes them) and runs nothing: the tasks, runners and flows that produce the
+markers live in `flows/shot_task.py`, `flows/runners.py` and `flows/dub_film.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from flows.groups import Group
+from flows.progress import artifact_key
+from flows.workspace import Workspace, read_shot_done, read_shot_failed, stable_hash
+from tasks.audio import DialogueTrack, slice_bounds
+
+
+def shot_records(
+    shots: dict[str, Any], plans: list[dict[str, Any]], track: DialogueTrack
+) -> list[dict[str, Any]]:
+    """Small serialisable per-shot records: span, plan, audio samples, and the hash that keys resume."""
+    edges = [s["start_frame"] for s in shots["shots"]] + [shots["frame_count"]]
+    bounds = slice_bounds(edges, Fraction(shots["fps"]), track.sample_rate, track.n_samples)
+    records = []
+    for s, plan, (a, b) in zip(shots["shots"], plans, bounds, strict=True):
+        record = {
+            "index": s["index"],
+            "start_s": s["start_s"],
+            "end_s": s["end_s"],
+            "frames": s["end_frame"] - s["start_frame"],
+            "chunks": len(plan["chunks"]),
+            "plan": plan,
+            "audio_range": [a, b],
+        }
+        record["plan_hash"] = stable_hash({"plan": plan, "audio_range": [a, b]})
+        records.append(record)
+    return records
+
+
+def shot_rows(ws: Workspace, shots: list[dict[str, Any]], backend: str) -> list[dict[str, Any]]:
+    """Shot table rows (status done / copied / failed / planned, and why) from the workspace markers."""
+    rows = []
+    for shot in shots:
+        row = {k: shot[k] for k in ("index", "start_s", "end_s", "frames", "chunks")}
+        done = read_shot_done(ws, shot["index"])
+        if done is not None and done.get("plan_hash") == shot["plan_hash"]:
+            result = done.get("result", {})
+            status = "done" if result.get("dubbed", True) else "copied"
+            row |= {
+                "backend": result.get("backend", backend),
+                "status": status,
+                "reason": result.get("reason"),
+            }
+            row["output"] = done["output"]
+        else:
+            failed = read_shot_failed(ws, shot["index"])
+            status = "failed" if failed else "planned"
+            row |= {"backend": backend, "status": status, "reason": failed and failed.get("reason")}
+        rows.append(row)
+    return rows
+
+
+def shot_timings(rows: list[dict[str, Any]], ws: Workspace) -> dict[str, float]:
+    """Sum of the shots' renderer timings per stage (seconds)."""
+    total: dict[str, float] = {}
+    for row in rows:
+        done = read_shot_done(ws, row["index"]) or {}
+        for stage, seconds in (done.get("result", {}).get("timings_s") or {}).items():
+            if isinstance(seconds, int | float):
+                total[f"shots: {stage}"] = total.get(f"shots: {stage}", 0.0) + float(seconds)
+    return total
+
+
+def group_report(ws: Workspace, shots: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Done/failed shots of a group and where they were rendered (from the workspace markers)."""
+    done, failed, workers = [], [], set()
+    for shot in shots:
+        record = read_shot_done(ws, shot["index"])
+        if record is not None and record.get("plan_hash") == shot["plan_hash"]:
+            done.append(shot["index"])
+        else:
+            failed.append(shot["index"])
+            record = read_shot_failed(ws, shot["index"])
+        if record is not None and record.get("worker"):
+            workers.add(f"{record['worker']}@{record.get('host', '?')}:{record.get('device', '?')}")
+    return {"done": done, "failed": failed, "workers": sorted(workers)}
+
+
+def publish_groups(
+    tag: str,
+    ws: Workspace,
+    groups: list[Group],
+    shots: list[dict[str, Any]],
+    states: dict[int, str],
+    model_load_s: float,
+) -> None:
+    """Table artifact: each group's shots, estimated GPU time, model-load share, state and workers."""
+    from prefect.artifacts import create_table_artifact
+
+    rows = []
+    for group in groups:
+        report = group_report(ws, [shots[i] for i in group.shots])
+        rows.append(
+            {
+                "group": group.name,
+                "est_gpu_s": round(group.est_gpu_s, 1),
+                "load_share_pct": round(100 * group.load_share(model_load_s), 1),
+                "state": states.get(group.index, "?"),
+                "failed": ", ".join(f"{i:04d}" for i in report["failed"]),
+                "workers": ", ".join(report["workers"]),
+            }
+        )
+    create_table_artifact(rows, key=artifact_key(tag, "groups"), description="shot groups")

@@ -1,0 +1,126 @@
+"""How a film's shot groups run: `render_group` (every shot of a group in order, failures recorded and
+never stopping the others), `InlineRunner` (plain calls, no Prefect API: `dubflow dub --no-prefect`),
+`PrefectRunner` (task runs; groups as child runs of `dub-group`, on GPU workers or in-process) and
+`online_workers` (how many GPU workers to plan groups for).
+
+Holds no flow and no film step: the `dub-group` flow and the `run_group` task that starts it live in
+`flows/dub_film.py` (entrypoints), which hands `run_group` to `PrefectRunner`, so this module never
+imports the flows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from prefect import Task
+from prefect.futures import wait
+
+from flows.groups import Group
+from flows.runtime import where_am_i
+from flows.shot_task import BackendSlot, dub_shot, failure_reason
+from flows.workspace import Workspace, mark_shot_failed, shot_done
+
+log = logging.getLogger(__name__)
+
+GPU_POOL = "gpu-pool"
+
+ShotRunner = Callable[[dict[str, Any]], BaseException | None]
+
+
+def render_group(ws: Workspace, shots: Sequence[dict[str, Any]], run_shot: ShotRunner) -> list[int]:
+    """Every shot of a group in order; failures are recorded and never stop the others. Failed indices."""
+    failed = []
+    for shot in shots:
+        error = run_shot(shot)
+        if error is not None:
+            mark_shot_failed(ws, shot["index"], failure_reason(error), where_am_i())
+            failed.append(shot["index"])
+    return failed
+
+
+def online_workers(pool: str) -> int:
+    """Online workers polling `pool` (at least 1, so planning works before workers report)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import WorkerStatus
+
+    with get_client(sync_client=True) as client:
+        workers = client.read_workers_for_work_pool(pool)
+    return max(1, sum(w.status == WorkerStatus.ONLINE for w in workers))
+
+
+class InlineRunner:
+    """The film sequence as plain function calls: no Prefect API, no artifacts, groups in order."""
+
+    fanout = "inline"
+
+    def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
+        return t.fn(*args, **kwargs)
+
+    def n_workers(self) -> int:
+        return 1
+
+    def run_groups(
+        self, ws: Workspace, film: dict[str, Any], shots: list[dict[str, Any]], groups: list[Group]
+    ) -> dict[int, str]:
+        backends = BackendSlot.for_config(film["config"])  # one backend for the whole film
+
+        def run_shot(shot: dict[str, Any]) -> BaseException | None:
+            try:
+                dub_shot.fn(ws.as_dict(), film, shot, backends)
+            except Exception as exc:  # keep going: every failed shot is reported
+                log.error("shot %04d failed: %s", shot["index"], failure_reason(exc))
+                return exc
+            return None
+
+        states = {}
+        for group in groups:
+            failed = render_group(ws, [shots[i] for i in group.shots], run_shot)
+            states[group.index] = "Failed" if failed else "Completed"
+        return states
+
+    def publish(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class PrefectRunner:
+    """The film sequence as Prefect task runs; groups as child runs (deployments or in-process).
+
+    `group_task` is `flows.dub_film.run_group`: one task run per group, which starts its child run.
+    """
+
+    def __init__(
+        self, fanout: Literal["local", "deployments"], group_task: Task[..., dict[str, Any]]
+    ) -> None:
+        self.fanout = fanout
+        self.group_task = group_task
+
+    def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
+        return t(*args, **kwargs)
+
+    def n_workers(self) -> int:
+        return online_workers(GPU_POOL) if self.fanout == "deployments" else 1
+
+    def run_groups(
+        self, ws: Workspace, film: dict[str, Any], shots: list[dict[str, Any]], groups: list[Group]
+    ) -> dict[int, str]:
+        states, futures = {}, {}
+        for group in groups:
+            members = [shots[i] for i in group.shots]
+            all_done = all(shot_done(ws, s["index"], s["plan_hash"]) for s in members)
+            wrapper = self.group_task.with_options(refresh_cache=not all_done)
+            args = (ws.as_dict(), film, members, group.name, self.fanout)
+            if self.fanout == "deployments":
+                futures[group.index] = wrapper.submit(*args)
+            else:  # one device: groups one after another
+                states[group.index] = wrapper(*args, return_state=True).name
+        wait(list(futures.values()))  # always wait for every group: one failure must not cancel others
+        states.update({i: f.state.name for i, f in futures.items()})
+        return states
+
+    def publish(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - UI telemetry must not fail a film
+            log.warning("artifact %s failed: %s", getattr(fn, "__name__", fn), exc)

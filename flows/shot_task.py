@@ -1,0 +1,210 @@
+"""The per-shot unit: the `dub_shot` task (cached on workspace + shot + shot plan, named after the shot's
+span), `render_one_shot` behind it (done/attempt markers around one `render_shot_result` call), the
+group's lazily built backend (`BackendSlot`), fault injection for tests (`debug.fail_shots`) and the
+shot's QC artifact.
+
+Holds nothing about groups, fan-out or the film sequence (`flows/runners.py`, `flows/dub_film.py`) and
+no media work of its own (`tasks/render.py` renders).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.runtime import task_run
+
+from flows.progress import ShotProgress, artifact_key, shot_run_name
+from flows.runtime import run_logger, where_am_i
+from flows.workspace import Workspace, log_attempt, mark_shot_done, read_shot_done
+from tasks.backend import Backend, get_backend
+from tasks.config import DebugConfig, PipelineConfig
+from tasks.errors import DubflowError
+from tasks.render import ShotJob, render_shot_result
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """The fault `debug.fail_shots` asks for (tests and demos)."""
+
+
+def failure_reason(exc: BaseException | None, fallback: str = "unknown error") -> str:
+    """One-line failure reason for the shot table, e.g. ``RuntimeError: CUDA out of memory``."""
+    if exc is None or not isinstance(exc, BaseException):
+        return fallback
+    text = exc.problem if isinstance(exc, DubflowError) else str(exc)
+    return " ".join(f"{type(exc).__name__}: {text}".split())[:500]
+
+
+class BackendSlot:
+    """The group's backend: built on first use (a group of cached shots loads nothing), then reused
+    for the group's later shots, so one group process pays one model load."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.load_s: float | None = None
+        self._backend: Backend | None = None
+
+    @classmethod
+    def for_config(cls, config: dict[str, Any]) -> BackendSlot:
+        return cls(PipelineConfig.from_dict(config))
+
+    def get(self) -> Backend:
+        if self._backend is None:
+            t0 = time.monotonic()
+            backend = self.config.backend
+            self._backend = get_backend(backend.name, backend.options, config=self.config)
+            self.load_s = time.monotonic() - t0
+        return self._backend
+
+
+def shot_result(raw: str | dict[str, Any], shot: dict[str, Any], backend: str, seconds: float) -> dict:
+    """The renderer's ShotResult dict, with defaults for any field it leaves out (or a bare path)."""
+    base = {
+        "index": shot["index"],
+        "path": None,
+        "dubbed": backend != "passthrough",
+        "reason": None if backend != "passthrough" else "dry run (passthrough backend)",
+        "chunks": shot["chunks"],
+        "chunks_resumed": None,
+        "backend": backend,
+        "tiny": False,
+        "timings_s": {"render": round(seconds, 3)},
+        "qc": None,
+    }
+    if isinstance(raw, dict):
+        return {**base, **raw}
+    return {**base, "path": str(raw)}
+
+
+def _fault(ws: Workspace, index: int, debug: DebugConfig) -> Callable[[float], None] | None:
+    """`debug.fail_shots`: raise once half of the shot's chunks are checkpointed (optionally only once)."""
+    if index not in debug.fail_shots:
+        return None
+    marker = ws.shot_dir(index) / "injected-fault"
+    if debug.fail_once and marker.exists():
+        return None
+
+    def check(fraction: float) -> None:
+        if fraction >= 0.5:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            raise InjectedFault(f"injected fault (debug.fail_shots) in shot {index:04d} at {fraction:.0%}")
+
+    return check
+
+
+def render_one_shot(
+    ws: Workspace,
+    film: dict[str, Any],
+    shot: dict[str, Any],
+    backends: BackendSlot,
+    on_progress: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Render one shot into the workspace unless its `done.json` says it is done; its ShotResult.
+
+    Writes `done.json` last, and one line per attempt to `attempts.jsonl`.
+    """
+    index = shot["index"]
+    done = read_shot_done(ws, index)
+    if done is not None and done.get("plan_hash") == shot["plan_hash"]:
+        return done["result"]
+    cfg = PipelineConfig.from_dict(film["config"])
+    job = ShotJob(
+        film["video"],
+        shot["plan"],
+        film["dialogue"],
+        tuple(shot["audio_range"]),
+        str(ws.shot_dir(index) / "shot.mkv"),
+        film["config"],
+        work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
+    )
+    hooks = [h for h in (on_progress, _fault(ws, index, cfg.debug)) if h is not None]
+
+    def report(fraction: float) -> None:
+        for hook in hooks:
+            hook(fraction)
+
+    where = where_am_i()
+    t0 = time.monotonic()
+    try:
+        raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get())
+    except Exception as exc:
+        log_attempt(ws, {"shot": index, "status": "failed", "reason": failure_reason(exc), **where,
+                         "seconds": round(time.monotonic() - t0, 3)})  # fmt: skip
+        raise
+    seconds = time.monotonic() - t0
+    result = shot_result(raw, shot, cfg.backend.name, seconds)
+    mark_shot_done(
+        ws, index, {"plan_hash": shot["plan_hash"], "output": result["path"], "result": result, **where}
+    )
+    log_attempt(
+        ws, {"shot": index, "status": "done", **where, "pid": os.getpid(), "seconds": round(seconds, 3)}
+    )
+    return result
+
+
+def _shot_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
+    shot = parameters["shot"]
+    return Workspace.from_dict(parameters["ws"]).shot_cache_key(shot["index"], shot["plan_hash"])
+
+
+def _shot_task_name() -> str:
+    shot = task_run.parameters["shot"]
+    return shot_run_name(shot["index"], shot["start_s"], shot["end_s"])
+
+
+def _publish_qc(tag: str, result: dict[str, Any]) -> None:
+    """A markdown artifact linking the shot's QC preview and contact sheet, when the renderer made them."""
+    qc = result.get("qc") or {}
+    links = [f"[{label}]({Path(qc[k]).resolve().as_uri()})" for k, label in
+             (("preview", "preview"), ("contact_sheet", "contact sheet")) if qc.get(k)]  # fmt: skip
+    if not links:
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    try:
+        create_markdown_artifact(
+            f"shot {result['index']:04d}: " + " · ".join(links),
+            key=artifact_key(tag, "shot", f"{result['index']:04d}", "qc"),
+            description=f"QC of shot {result['index']:04d}",
+        )
+    except Exception as exc:  # noqa: BLE001 - telemetry must not fail a rendered shot
+        log.warning("QC artifact of shot %04d: %s", result["index"], exc)
+
+
+@task(task_run_name=_shot_task_name, cache_key_fn=_shot_cache_key, persist_result=True)
+def dub_shot(
+    ws: dict[str, str], film: dict[str, Any], shot: dict[str, Any], backends: BackendSlot | None = None
+) -> dict[str, Any]:
+    """One shot, all its chunks, into the workspace (resuming at its last finished chunk); its ShotResult.
+
+    Cached on workspace + shot index + shot plan hash: a later film run, a UI retry or another host
+    gets the result without rendering again.
+    """
+    workspace = Workspace.from_dict(ws)
+    plan = shot["plan"]
+    logger = run_logger(log)
+    logger.info(
+        "shot %04d: %d frames, %d chunk(s), backend %s on %s",
+        shot["index"], plan["end_frame"] - plan["start_frame"], shot["chunks"],
+        film["config"]["backend"]["name"], where_am_i(),
+    )  # fmt: skip
+    progress = None
+    if logger is not log:  # a Prefect task run: a progress artifact updated after every chunk
+        progress = ShotProgress(
+            artifact_key(film["tag"], "shot", f"{shot['index']:04d}"),
+            f"shot {shot['index']:04d} of {film['tag']}, {shot['chunks']} chunk(s)",
+        )
+    result = render_one_shot(
+        workspace, film, shot, backends or BackendSlot.for_config(film["config"]), progress
+    )
+    if logger is not log:
+        _publish_qc(film["tag"], result)
+    return result

@@ -1,0 +1,58 @@
+"""The InfiniteTalk backend: decide which shots to dub, then dub a face crop of each chunk by chunk.
+
+This `__init__` only exposes the package's public names; it holds no code. Per shot
+(`tasks.render.render_shot_result` drives it through the `GatingBackend` protocol):
+
+1. `prepare_shot` — the gate (`gating`). Speech in the dub track's slice (`tasks.speech.detect_speech`),
+   then a face track over sampled frames in display orientation (`tasks.region`), then
+   `tasks.gate.decide_dub` (policy `auto|all|none`, per-shot overrides). A shot that is not dubbed is
+   copied through by the renderer; the model is never touched for it.
+2. `open_shot` — models and per-film inputs (`backend`). Components come from `resident.RESIDENT`
+   (loaded once per worker process, see `ResidentModels`); the prompt embedding (umT5) and the dub
+   track's audio features (wav2vec2, windowed, 25 fps) are computed once per *film* and kept as
+   safetensors files in the run's work dir (`film/`), written atomically under a file lock (`cache`), so
+   every shot on every worker reuses them.
+3. `dub_chunk` (`session`) — one `model.stream.stream_generate` chunk (`chunk`): the chunk's sliding
+   reference frame and the shot's frames are cropped to the region plan's box (or the official full-frame
+   resize + centre crop, `region.mode: full`; `region_map`), generated at the model's bucket on the 25 fps
+   timeline, colour-matched to the chunk's reference, conformed back to the source frames
+   (`ShotPlan.conform_indices`) and blended into the source frames with a feathered border (pixels outside
+   the box stay bit-identical). `state()` returns the sampler's `StreamState` (motion frames, RNG, colour
+   reference) for the renderer's per-chunk checkpoint, so a killed worker resumes at the next chunk with
+   identical results.
+
+Audio alignment (`timeline`): feature frame i of the film sits at time `i * period`; model frame k of a
+shot is conditioned on feature frame `offset + k`. Tiny mode (`infinitetalk.weights: null`; `tiny`): a
+tiny random weights root is written once under `<workspace.root>/.cache` and run at 1/16 of the bucket with
+few steps. Every log line, every shot reason and every dubbed frame says so: it is a pipeline check, not a
+dubbing result. Options, offload and VAE tiling: `options`; stopwatches: `timing`. Layering, bottom to
+top: tiny, timeline, timing, region_map, gating, cache, options -> chunk -> resident -> session ->
+backend. Every file logs to the one package logger, `tasks.infinitetalk`.
+"""
+
+from tasks.infinitetalk.backend import InfiniteTalkBackend
+from tasks.infinitetalk.cache import ensure_tiny_root
+from tasks.infinitetalk.gating import decide_shot
+from tasks.infinitetalk.options import VaeTiling, load_spec, offload_decision, region_config, resolve_options
+from tasks.infinitetalk.region_map import ShotRegion, display_box_to_coded
+from tasks.infinitetalk.resident import ResidentModels
+from tasks.infinitetalk.timeline import FeatureTimeline, check_plan_agreement, shot_feature_range
+from tasks.infinitetalk.tiny import TINY_BANNER
+
+__all__ = [
+    "TINY_BANNER",
+    "FeatureTimeline",
+    "InfiniteTalkBackend",
+    "ResidentModels",
+    "ShotRegion",
+    "VaeTiling",
+    "check_plan_agreement",
+    "decide_shot",
+    "display_box_to_coded",
+    "ensure_tiny_root",
+    "load_spec",
+    "offload_decision",
+    "region_config",
+    "resolve_options",
+    "shot_feature_range",
+]

@@ -1,0 +1,216 @@
+"""The InfiniteTalk backend class: `InfiniteTalkBackend` behind the `GatingBackend` protocol, bound to a
+shot's config; it gates shots (`prepare_shot`), hands out the resident models and the shot worker, keeps
+the per-film prompt embedding and audio features (what they are keyed by and how they are computed), and
+opens a shot's session (`open_shot`).
+
+The top of the package: it composes the other files and holds no chunk loop, no geometry and no option
+rules of its own (those are `session`, `region_map` and `options`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tasks.backend import ShotContext, ShotDecision
+from tasks.config import PipelineConfig, load_config
+from tasks.errors import ConfigError, MediaError
+from tasks.frames import ModelGeometry, iter_frames
+from tasks.infinitetalk import resident
+from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, weights_identity
+from tasks.infinitetalk.gating import decide_shot
+from tasks.infinitetalk.options import VaeTiling, load_spec, region_config, resolve_device, resolve_options
+from tasks.infinitetalk.session import InfiniteTalkSession
+from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline, check_plan_agreement
+from tasks.infinitetalk.timing import Stopwatch
+from tasks.infinitetalk.tiny import TINY_BANNER, TinyLog
+from tasks.plan import ShotPlan
+
+if TYPE_CHECKING:
+    import torch
+
+    from model.loading import LoadSpec
+
+log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
+
+
+class InfiniteTalkBackend:
+    """InfiniteTalk behind the `GatingBackend` protocol (see the package docstring)."""
+
+    name = "infinitetalk"
+    applies_color = True  # colour is matched per chunk in model space, against the chunk's reference
+    dubs = True
+
+    def __init__(self, options: dict[str, Any], config: PipelineConfig | None = None):
+        self.options = dict(options)
+        self.config: PipelineConfig | None = None
+        self._bind(config if config is not None else load_config())
+
+    def _bind(self, config: PipelineConfig) -> None:
+        """Use `config` (a shot's own config, from its ShotContext, wins over the constructor's)."""
+        if config == self.config:
+            return
+        self.opts = resolve_options(config, self.options)
+        self.config = config
+        self.tiny = self.opts.mode == "tiny"
+        self.log: logging.Logger | logging.LoggerAdapter = TinyLog(log, {}) if self.tiny else log
+        self.region_cfg = region_config(config)
+        self.vae_tiling = VaeTiling(self.opts.vae_tiling, self.opts.vae_tile_px)
+        self._specs: dict[str, LoadSpec] = {}  # per device: the offload decision is made once per config
+
+    def load_spec(self, device: str) -> LoadSpec:
+        """`load_spec` of the bound options for `device` (kept: `offload: auto` asks CUDA and sizes the DiT)."""
+        if device not in self._specs:
+            self._specs[device] = load_spec(self.opts, device, frame_num=self.config.plan.frame_num)
+        return self._specs[device]
+
+    # --- weights and models
+
+    def weights_root(self) -> Path:
+        if self.opts.weights is not None:
+            root = Path(self.opts.weights)
+            if not root.is_dir():
+                raise ConfigError("infinitetalk.weights", f"{root}: weights root not found")
+            return root
+        return ensure_tiny_root(Path(self.config.workspace.root) / ".cache")
+
+    def models(self, *components: str) -> dict[str, Any]:
+        """Components from the process's resident set (loaded on first use)."""
+        device = resolve_device(self.opts.device)  # RESIDENT is looked up per call: tests swap the holder
+        return resident.RESIDENT.get(self.weights_root(), self.load_spec(device), components)
+
+    def shot_worker_config(self) -> Any:
+        """Start the process's ShotWorker (`gpus_per_shot` ranks) unless it runs; its DiT config."""
+        import torch  # noqa: PLC0415
+
+        n, device = self.opts.gpus_per_shot, resolve_device(self.opts.device)
+        if device != "cpu" and torch.cuda.device_count() < n:
+            raise ConfigError(
+                "infinitetalk.gpus_per_shot",
+                f"{n} GPUs per shot but {torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES)",
+            )
+        return resident.RESIDENT.shot_worker_config(
+            self.weights_root(), self.load_spec(device), n, self.vae_tiling
+        )
+
+    # --- per-film caches
+
+    def _model_tag(self, component: str) -> str:
+        from model.weights import layout_for  # noqa: PLC0415
+
+        layout = layout_for("infinitetalk-480" if self.tiny else self.opts.mode, self.opts.quant)
+        root = self.weights_root()
+        path = root / layout.wav2vec_dir if component == "audio" else root / layout.wan_dir / layout.t5
+        return weights_identity(path)
+
+    def prompt_cache_path(self, film_dir: Path) -> Path:
+        """Where the film's prompt embedding lives (keyed by both prompts and the umT5 weights)."""
+        key = hashlib.sha256(
+            "\0".join([self.opts.prompt, self.opts.negative_prompt, self._model_tag("t5")]).encode()
+        ).hexdigest()[:16]
+        return film_dir / f"prompt-{key}.safetensors"
+
+    def prompt_embeddings(self, film_dir: Path, watch: Stopwatch) -> dict[str, torch.Tensor]:
+        """umT5 context / negative context of the configured prompts, cached per film."""
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        path = self.prompt_cache_path(film_dir)
+
+        def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            self.log.info("encoding the prompt with umT5 (once per film) -> %s", path)
+            with watch("encoders"):
+                t5 = self.models("t5")["t5"]
+                context, context_null = t5.encode([self.opts.prompt, self.opts.negative_prompt])
+            return {"context": context, "context_null": context_null}, {"prompt": self.opts.prompt}
+
+        return load_file(str(cached_tensors(path, compute)))
+
+    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path:
+        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
+
+        spec = self.load_spec(resolve_device(self.opts.device))
+        dtype = str(spec.dtype).removeprefix("torch.")
+        key = hashlib.sha256(
+            "\0".join([audio_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
+        ).hexdigest()[:16]
+        path = film_dir / f"audio_features-{key}.safetensors"
+
+        def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            import soundfile as sf  # noqa: PLC0415
+
+            from model.wav2vec import frame_count, loudness_normalize  # noqa: PLC0415
+
+            self.log.info("wav2vec2 features of %s (once per film) -> %s", dialogue_path, path)
+            wave, sr = sf.read(str(dialogue_path), dtype="float32", always_2d=True)
+            if sr != WAV2VEC_RATE:
+                raise MediaError(
+                    dialogue_path, f"dialogue track is {sr} Hz, wav2vec2 needs {WAV2VEC_RATE} Hz"
+                )
+            mono = np.ascontiguousarray(wave.mean(axis=1))
+            with watch("encoders"):
+                encoder = self.models("audio")["audio"]
+                n = frame_count(mono.shape[0], MODEL_FPS, sr)
+                feats = encoder.embed(
+                    loudness_normalize(mono, sr), fps=MODEL_FPS, n_frames=n, out_dtype=spec.dtype
+                )
+            timeline = FeatureTimeline(n, mono.shape[0], sr, encoder.stride, encoder.receptive_field)
+            return {"features": feats}, timeline.to_metadata()
+
+        return cached_tensors(path, compute)
+
+    # --- GatingBackend
+
+    def prepare_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        context: ShotContext,
+    ) -> ShotDecision:
+        """Gate the shot: speech in its dub slice, a face in its (sampled) frames, the policy."""
+        self._bind(context.config)
+
+        def frames_fn(indices: list[int]) -> dict[int, np.ndarray]:
+            wanted, out = set(indices), {}
+            for j, frame in enumerate(iter_frames(context.video, plan.start_frame, plan.end_frame)):
+                if j in wanted:
+                    out[j] = geometry.to_display(frame)
+            return out
+
+        d = decide_shot(
+            plan.shot_index,
+            shot_audio,
+            sample_rate,
+            plan.num_frames,
+            frames_fn,
+            self.config.gate,
+            self.region_cfg,
+        )
+        if d.dub and self.tiny:
+            d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
+        self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)
+        return d
+
+    def open_shot(
+        self,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        shot_audio: np.ndarray,
+        sample_rate: int,
+        *,
+        resume_state: Any | None = None,
+        decision: ShotDecision | None = None,
+        context: ShotContext | None = None,
+    ) -> InfiniteTalkSession:
+        if context is None:
+            raise ValueError("InfiniteTalkBackend.open_shot needs the ShotContext (tasks.render passes it)")
+        self._bind(context.config)
+        check_plan_agreement(plan)
+        if decision is None:
+            decision = self.prepare_shot(plan, geometry, shot_audio, sample_rate, context)
+        return InfiniteTalkSession(self, plan, geometry, decision, context, resume_state)

@@ -1,0 +1,158 @@
+"""The process-resident model holder (`ResidentModels`, its one instance `RESIDENT`) and, with
+`gpus_per_shot > 1`, the process's shot worker (`model.parallel.ShotWorker` ranks set up by `chunk`).
+
+`RESIDENT` is dubflow's one intentional process-level object (see `ResidentModels`). Callers look it up
+as `resident.RESIDENT` at call time, never bind it at import, so a test can swap the holder. Nothing
+else lives here: what to load is the options' `LoadSpec`, how a chunk runs is `chunk`'s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import gc
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.infinitetalk.chunk import ChunkJob, rank_handle, rank_setup
+from tasks.infinitetalk.options import VaeTiling
+
+if TYPE_CHECKING:
+    from model.loading import LoadSpec
+
+
+class ResidentModels:
+    """Model components kept loaded for the life of a worker process, keyed by weights root + LoadSpec.
+
+    THE ONE INTENTIONAL PROCESS-LEVEL OBJECT in dubflow (`RESIDENT` below): a worker runs many shots, one
+    `render_shot` call each, and reloading ~50 GB of weights per shot would dominate. Components are
+    loaded on first use (umT5 and wav2vec2 only when a per-film cache file is missing); asking for
+    another root or spec drops the current set first. `loads` counts loads per component (tests).
+
+    With `gpus_per_shot: N > 1` it also holds the process's `model.parallel.ShotWorker`: N rank processes
+    started on the first dubbed shot, each with its share of the generation models resident, kept for
+    later shots and closed by `close()` (registered with `atexit`). `loads["shot_worker"]` counts starts;
+    `worker_stats` is rank 0's last answer: its pid and the jobs it has run since its setup.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[str, Any] | None = None
+        self._components: dict[str, Any] = {}
+        self.loads: Counter[str] = Counter()
+        self._worker: Any | None = None  # model.parallel.ShotWorker
+        self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
+        self._worker_dit_config: Any | None = None
+        self._atexit = False
+        self.worker_stats: dict[str, int] = {}
+
+    def get(self, root: Path, spec: LoadSpec, components: tuple[str, ...]) -> dict[str, Any]:
+        """The requested components (loading the missing ones in one `load_models` call)."""
+        from model.loading import COMPONENTS, load_models  # noqa: PLC0415
+
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        with self._lock:
+            if key != self._key:
+                self._drop()
+                self._key = key
+            missing = tuple(c for c in components if c not in self._components)
+            if missing:
+                models = load_models(root, dataclasses.replace(spec, components=missing))
+                for c in missing:
+                    self._components[c] = getattr(models, c)
+                    self.loads[c] += 1
+            return {c: self._components[c] for c in components}
+
+    def install(self, root: Path, spec: LoadSpec, components: Mapping[str, Any]) -> None:
+        """Make already-built components resident for (root, spec), e.g. random real-size models in a
+        benchmark; later `get` calls for that key return them without loading."""
+        from model.loading import COMPONENTS  # noqa: PLC0415
+
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        with self._lock:
+            if key != self._key:
+                self._drop()
+                self._key = key
+            self._components.update(components)
+
+    def clear(self) -> None:
+        """Unload everything and stop the shot worker (the next shot loads / starts again)."""
+        with self._lock:
+            self._drop()
+            self._key = None
+            self._close_worker()
+
+    close = clear
+
+    def shot_worker_config(
+        self, root: Path, spec: LoadSpec, world_size: int, tiling: VaeTiling | None = None
+    ) -> Any:
+        """Start the ShotWorker for (root, spec, N, VAE tiling) unless it runs already; returns its DiT config."""
+        from model.loading import COMPONENTS  # noqa: PLC0415
+        from model.parallel import ShotWorker  # noqa: PLC0415
+
+        tiling = tiling or VaeTiling()
+        key = (
+            str(Path(root).resolve()),
+            dataclasses.replace(spec, components=COMPONENTS),
+            world_size,
+            tiling,
+        )
+        with self._lock:
+            if self._worker is not None and self._worker_key != key:
+                self._close_worker()
+            if self._worker is None:
+                worker = ShotWorker(
+                    world_size,
+                    functools.partial(rank_setup, key[0], key[1], tiling),
+                    rank_handle,
+                    backend="gloo" if spec.device == "cpu" else "nccl",
+                )
+                worker.start()
+                self._worker, self._worker_key = worker, key
+                self.loads["shot_worker"] += 1
+                if not self._atexit:
+                    atexit.register(self.close)
+                    self._atexit = True
+                self._worker_dit_config = self._run_locked({"describe": True})
+            return self._worker_dit_config
+
+    def run_chunk(self, job: ChunkJob) -> dict[str, Any]:
+        """One chunk on the running ShotWorker: {"index", "frames" uint8 (n, H, W, 3), "state" dict}."""
+        with self._lock:
+            if self._worker is None:
+                raise RuntimeError("ResidentModels.run_chunk: no shot worker (shot_worker_config first)")
+            return self._run_locked({"chunk": job})
+
+    def _run_locked(self, job: dict[str, Any]) -> Any:
+        from model.parallel import ShotWorkerError  # noqa: PLC0415
+
+        try:
+            out = self._worker.run(job)
+        except ShotWorkerError:
+            self._worker = self._worker_key = None  # it closed itself: the next shot starts a new one
+            raise
+        self.worker_stats = {"pid": out["pid"], "jobs": out["jobs"]}
+        return out["result"]
+
+    def _close_worker(self) -> None:
+        worker, self._worker, self._worker_key = self._worker, None, None
+        if worker is not None:
+            worker.close()
+
+    def _drop(self) -> None:
+        if not self._components:
+            return
+        self._components.clear()
+        gc.collect()
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+RESIDENT = ResidentModels()

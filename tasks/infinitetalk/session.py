@@ -1,0 +1,309 @@
+"""One shot being dubbed (`InfiniteTalkSession`, the `tasks.backend.ShotSession` of this backend): its
+per-film inputs and models, the region mapping at the model's size, the sampler settings and chunk job,
+then chunk by chunk the crop, the generation (here or on the shot worker), the conform and paste back,
+and the sampler state for the renderer's per-chunk checkpoint.
+
+State of one shot only: the models and caches it uses belong to the backend (`SessionBackend` below says
+what the session needs of it), the pixel geometry to `region_map`, the generation to `chunk`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from tasks.backend import ChunkInput, ShotContext, ShotDecision
+from tasks.config import InfiniteTalkConfig, PipelineConfig
+from tasks.errors import MediaError
+from tasks.frames import ModelGeometry, read_frames
+from tasks.infinitetalk import resident
+from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
+from tasks.infinitetalk.options import TiledVAE, VaeTiling, resolve_device
+from tasks.infinitetalk.region_map import ShotRegion, to_tensor, to_uint8
+from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
+from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
+from tasks.infinitetalk.tiny import label_tiny, tiny_hw
+from tasks.plan import ShotPlan, source_frame_at
+from tasks.region import RegionPlan
+
+if TYPE_CHECKING:
+    import torch
+
+STATE_FORMAT = 1
+
+
+class SessionBackend(Protocol):
+    """What a session needs of its backend (`backend.InfiniteTalkBackend`, bound to the shot's config)."""
+
+    opts: InfiniteTalkConfig
+    config: PipelineConfig
+    tiny: bool
+    log: logging.Logger | logging.LoggerAdapter
+    vae_tiling: VaeTiling
+
+    def prompt_embeddings(self, film_dir: Path, watch: Stopwatch) -> dict[str, torch.Tensor]: ...
+
+    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path: ...
+
+    def models(self, *components: str) -> dict[str, Any]: ...
+
+    def shot_worker_config(self) -> Any: ...
+
+
+def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPlan, *, tiny: bool) -> Any:
+    """The shot's `model.sampler.SamplerSettings`: the mode's preset (or tiny's) with the options, the
+    colour config and the shot plan's chunking applied."""
+    from model.sampler import sampler_preset  # noqa: PLC0415
+
+    preset = "tiny" if tiny else opts.mode
+    changes: dict[str, Any] = {
+        "frame_num": plan.frame_num,
+        "motion_frames": plan.motion_frames,
+        "text_guide_scale": opts.text_guide_scale,
+        "audio_guide_scale": opts.audio_guide_scale,
+        "use_apg": opts.use_apg,
+        "apg_momentum": opts.apg_momentum,
+        "apg_norm_threshold": opts.apg_norm_threshold,
+        "color_correction_strength": cfg.color.strength,
+        "color_reference": "first" if cfg.color.reference == "shot_first" else "chunk",
+        "denoise_strength": opts.denoise_strength,
+        "seed": opts.seed + plan.shot_index,
+        "batch_branches": opts.batch_branches,
+    }
+    if opts.steps is not None:
+        changes["sampling_steps"] = opts.steps
+    if opts.shift is not None:
+        changes["shift"] = opts.shift
+    return sampler_preset(preset, **changes)
+
+
+class InfiniteTalkSession:
+    """One shot being dubbed: the sampler state between chunks and the region mapping."""
+
+    def __init__(
+        self,
+        backend: SessionBackend,
+        plan: ShotPlan,
+        geometry: ModelGeometry,
+        decision: ShotDecision,
+        context: ShotContext,
+        resume_state: Any | None,
+    ):
+        self.backend, self.plan, self.context = backend, plan, context
+        self.log = backend.log
+        self.device = resolve_device(backend.opts.device)
+        self.watch = Stopwatch(self.device, backend.opts.profile)
+        film_dir = context.work_dir / "film"
+
+        # 1. per-film inputs (cached files), then the generation models and the shot's audio features
+        prompt = backend.prompt_embeddings(film_dir, self.watch)
+        features_path = backend.audio_features_file(film_dir, Path(context.dialogue.path), self.watch)
+        dcfg, host = self._load_models()
+        if prompt["context"].shape[-1] != dcfg.text_dim:
+            raise MediaError(
+                film_dir,
+                f"prompt embedding width {prompt['context'].shape[-1]} != DiT text_dim {dcfg.text_dim}",
+            )
+        feats = self._shot_features(features_path, dcfg)  # (L, 12, 768)
+
+        # 2. where the model looks: the region plan's box (or the full frame) at the model's size
+        model_hw = self._map_region(geometry, decision)
+
+        # 3. sampler settings (chunking = the shot plan's) and conditioning, then where to resume
+        self.settings = sampler_settings(backend.opts, backend.config, plan, tiny=backend.tiny)
+        self.job = self._chunk_job(prompt, feats, dcfg, model_hw, host)
+        self._source_cache: dict[int, np.ndarray] = {}
+        self.stream_state = self._resume(resume_state)
+        mh, mw = model_hw
+        self.log.info(
+            "shot %04d: %d chunk(s) at %dx%d, %d steps, feature offset %d%s",
+            plan.shot_index, len(plan.chunks), mw, mh, self.settings.sampling_steps, self.feature_offset,
+            "" if self.stream_state is None else f", resuming at chunk {self.stream_state.next_chunk + 1}",
+        )  # fmt: skip
+
+    # --- the steps of __init__
+
+    def _load_models(self) -> tuple[Any, str]:
+        """The generation models, in this process or (gpus_per_shot > 1) on the shot worker's ranks:
+        returns the DiT config and the device the conditioning tensors are kept on."""
+        backend = self.backend
+        self.sp_size = backend.opts.gpus_per_shot
+        with self.watch("load"):
+            if self.sp_size > 1:  # the ranks hold the generation models; this process keeps none
+                dcfg = backend.shot_worker_config()
+                self.chunk_models = None
+                return dcfg, "cpu"
+            m = backend.models("dit", "vae", "clip")
+            self.dit, self.vae, self.clip = m["dit"], m["vae"], m["clip"]
+            dcfg = self.dit.config
+            self.chunk_models = ChunkModels(
+                TimedDiT(self.dit, self.watch),
+                TimedVAE(TiledVAE(self.vae, backend.vae_tiling, self.log), self.watch),
+                self._clip,
+                self._color,
+                self.device,
+            )
+            return dcfg, self.device
+
+    def _shot_features(self, features_path: Path, dcfg: Any) -> torch.Tensor:
+        """The shot's slice (L, 12, 768) of the film's audio features; sets `feature_offset`."""
+        from safetensors import safe_open  # noqa: PLC0415
+
+        with safe_open(str(features_path), framework="pt") as f:
+            timeline = FeatureTimeline.from_metadata(f.metadata())
+            offset, stop = shot_feature_range(self.plan, timeline)
+            feats = f.get_slice("features")[offset:stop]  # (L, 12, 768)
+        if tuple(feats.shape[1:]) != (dcfg.audio_blocks, dcfg.audio_channels):
+            raise MediaError(
+                features_path, f"features {tuple(feats.shape)} do not fit the DiT's audio adapter"
+            )
+        self.feature_offset = offset
+        return feats
+
+    def _map_region(self, geometry: ModelGeometry, decision: ShotDecision) -> tuple[int, int]:
+        """Sets the shot's `ShotRegion` (the gate's region plan, or the full frame); returns the model size."""
+        region = decision.details.get("region")
+        rplan = RegionPlan.from_dict(region) if region else None
+        if rplan is not None and rplan.mode == "full":
+            bucket = geometry.model_hw
+        else:
+            bucket = rplan.bucket if rplan is not None else geometry.model_hw
+        model_hw = tiny_hw(bucket) if self.backend.tiny else bucket
+        self.region = ShotRegion(geometry, rplan, model_hw, self.backend.config.region.feather_px)
+        self.coded_hw = geometry.coded_hw
+        return model_hw
+
+    def _chunk_job(
+        self,
+        prompt: dict[str, torch.Tensor],
+        feats: torch.Tensor,
+        dcfg: Any,
+        model_hw: tuple[int, int],
+        host: str,
+    ) -> ChunkJob:
+        """The shot's chunk job; its per-chunk fields (reference, source, state) are filled by dub_chunk."""
+        import torch  # noqa: PLC0415
+
+        from model.conditioning import speaker_masks  # noqa: PLC0415
+
+        opts = self.backend.opts
+        mh, mw = model_hw
+        text_len = dcfg.text_len
+        return ChunkJob(
+            settings=self.settings,
+            context=prompt["context"][:text_len].to(host),
+            context_null=prompt["context_null"][:text_len].to(host),
+            audio=feats,
+            masks=speaker_masks(None, 1, model_hw, model_hw, (mh // 8, mw // 8)),  # one speaker: all ones
+            n_frames=self.plan.model_frames,
+            reference=torch.empty(0),
+            source=None,
+            state=None,
+            teacache=opts.teacache,
+            teacache_preset="infinitetalk-720" if opts.mode == "infinitetalk-720" else "infinitetalk-480",
+        )
+
+    def _resume(self, resume_state: Any | None) -> Any | None:
+        """The `model.stream.StreamState` to continue from (a checkpoint of `state()`); None = chunk 0."""
+        from model.stream import StreamState  # noqa: PLC0415
+
+        if resume_state is None:
+            return None
+        if resume_state.get("format") != STATE_FORMAT:
+            raise MediaError(
+                self.context.video.path, f"shot {self.plan.shot_index}: unknown checkpoint format"
+            )
+        return StreamState.from_state_dict(resume_state["stream"])
+
+    # --- sampler callbacks
+
+    def _clip(self, reference: torch.Tensor) -> torch.Tensor:
+        with self.watch("clip"):
+            return self.clip.encode(reference)  # (1, 257, 1280)
+
+    def _color(self, video: torch.Tensor, reference: torch.Tensor, strength: float) -> torch.Tensor:
+        from tasks.color import match_and_blend  # noqa: PLC0415
+
+        with self.watch("colour"):
+            return match_and_blend(video, reference, strength)
+
+    def _crop(self, frame: np.ndarray, j: int) -> np.ndarray:
+        with self.watch("crop"):
+            return self.region.to_model(frame, j)
+
+    def _source_video(self, start: int, stop: int) -> torch.Tensor:
+        """Model frames [start, stop) of the source (video-to-video): (3, T, H, W) in [-1, 1]."""
+        n = self.plan.num_frames
+        js = [min(n - 1, source_frame_at(k, self.plan.fps, self.plan.model_fps)) for k in range(start, stop)]
+        missing = sorted({j for j in js if j not in self._source_cache})
+        if missing:  # frames of an earlier chunk (after a resume): decode them again
+            s0 = self.plan.start_frame
+            got = read_frames(self.context.video, [s0 + j for j in missing])
+            for j in missing:
+                self._source_cache[j] = self._crop(got[s0 + j], j)
+        return to_tensor(np.stack([self._source_cache[j] for j in js]))
+
+    # --- ShotSession
+
+    def dub_chunk(self, inp: ChunkInput) -> np.ndarray:
+        from model.stream import StreamState  # noqa: PLC0415
+
+        c = inp.chunk
+        expected = 0 if self.stream_state is None else self.stream_state.next_chunk
+        if c.index != expected:
+            raise RuntimeError(
+                f"shot {self.plan.shot_index}: chunk {c.index} given, the sampler is at {expected}"
+            )
+        self.log.info(
+            "shot %04d: generating chunk %d/%d", self.plan.shot_index, c.index + 1, len(self.plan.chunks)
+        )
+        reference = to_tensor(self._crop(inp.reference, c.ref_frame)[None])  # (3, 1, H, W)
+        if self.settings.start_step > 0:
+            keep = min(c.ref_frame, c.src_start)
+            self._source_cache = {
+                j: f for j, f in self._source_cache.items() if j >= keep - self.plan.frame_num
+            }
+            for t, frame in enumerate(inp.frames):
+                self._source_cache[c.src_start + t] = self._crop(frame, c.src_start + t)
+            source = self._source_video(c.model_start, c.model_start + c.num_frames)  # (3, T, H, W)
+        else:
+            source = None
+        job = dataclasses.replace(self.job, reference=reference, source=source, state=self.stream_state)
+        if self.chunk_models is not None:
+            out = generate_chunk(self.chunk_models, job)
+            index, state = out.spec.index, out.state
+            kept = to_uint8(out.frames)  # (n_kept, H, W, 3): model frames [new_start, new_end)
+        else:  # on the ShotWorker's ranks; only rank 0's frames and state come back
+            with self.watch("sp_chunk"):
+                got = resident.RESIDENT.run_chunk(job)
+            index, state, kept = got["index"], StreamState.from_state_dict(got["state"]), got["frames"]
+        if index != c.index:
+            raise RuntimeError(f"shot {self.plan.shot_index}: sampler ran chunk {index}, expected {c.index}")
+        self.stream_state = state
+        first_kept = c.new_start - c.model_start
+        if inp.frames.shape[0] == 0:
+            return np.zeros((0, *self.coded_hw, 3), np.uint8)
+        with self.watch("composite"):
+            frames = []
+            for t, k in enumerate(self.plan.conform_indices(c)):
+                j = c.src_start + t
+                frame = self.region.paste(kept[k - first_kept], inp.frames[t], j)
+                if self.backend.tiny:
+                    frame = label_tiny(frame, self.region.coded_box(j))
+                frames.append(frame)
+        return np.stack(frames)
+
+    def state(self) -> dict[str, Any] | None:
+        if self.stream_state is None:
+            return None
+        return {"format": STATE_FORMAT, "stream": self.stream_state.state_dict()}
+
+    def timings(self) -> dict[str, float]:
+        return dict(self.watch.totals)
+
+    def close(self) -> None:
+        self._source_cache.clear()
