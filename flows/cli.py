@@ -174,14 +174,16 @@ def cmd_dub(args: argparse.Namespace) -> int:
     if args.no_prefect:
         from flows.dub_film import dub_film_inline
 
-        out = dub_film_inline(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+        out = dub_film_inline(
+            args.source, args.audio, args.out, args.mix, cfg.to_dict(), overwrite=args.overwrite
+        )
     else:
         if not os.environ.get("PREFECT_API_URL"):
             # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
             os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
         from flows.dub_film import dub_film
 
-        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict())
+        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict(), overwrite=args.overwrite)
     print(out)
     return 0
 

@@ -30,6 +30,7 @@ last finished chunk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -43,9 +44,11 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.child_runs import ChildNotStarted, await_child
 from flows.film_tasks import (
     assemble_film,
     check_final_mix,
+    check_workspace,
     default_output,
     film_tag,
     find_shots,
@@ -56,18 +59,30 @@ from flows.film_tasks import (
     workspace_root,
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
+from flows.outputs import check_overwrite, confine_output, output_stamp
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, shot_records, shot_rows, shot_timings
-from flows.runners import InlineRunner, PrefectRunner, render_group
+from flows.run_lock import hold_lock
+from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot
-from flows.workspace import Workspace, mark_shot_failed, read_shot_failed, shot_done, stable_hash
+from flows.workspace import (
+    MANIFEST,
+    RUN_LOCK,
+    Workspace,
+    mark_shot_failed,
+    read_shot_done,
+    read_shot_failed,
+    shot_done,
+    stable_hash,
+)
 from tasks.assemble import check_output_path
 from tasks.audio import DialogueTrack
 from tasks.backend import BACKENDS
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError, DubflowError
 from tasks.plan import ShotPlan
+from tasks.preflight import check_config, check_frame_size
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +118,11 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
 
     failed = render_group(workspace, shots, run_shot)
     if failed:
+        first = next(iter(failed.items()))
         raise ShotsFailed(
             film["source"],
-            f"{len(failed)} of {len(shots)} shot(s) failed: {failed}; retry this run to redo them",
+            f"{len(failed)} of {len(shots)} shot(s) failed: {list(failed)}; first: shot {first[0]:04d}: "
+            f"{first[1]}; retry this run to redo them",
         )
     return {"shots": [s["index"] for s in shots], "model_load_s": backends.load_s, **where}
 
@@ -116,7 +133,7 @@ def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     return f"dubflow-{ws.key}-{ws.incarnation}-group-{plans}"
 
 
-@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True)
+@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json")
 def run_group(
     ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, Any]], name: str, fanout: str
 ) -> dict[str, Any]:
@@ -134,12 +151,18 @@ def run_group(
             GROUP_DEPLOYMENT,
             parameters={"ws": ws, "film": film, "shots": shots},
             flow_run_name=name,
-            timeout=None,
-            poll_interval=2,
+            timeout=0,  # created, not awaited here: await_child fails when no worker ever starts it
             as_subflow=True,
         )
-        outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
-        ok = child.state.is_completed()
+        try:
+            child = await_child(
+                child.id, name=name, pool=GPU_POOL,
+                unscheduled_timeout_s=film["config"]["checks"]["unscheduled_timeout_s"],
+            )  # fmt: skip
+            outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
+            ok = child.state.is_completed()
+        except ChildNotStarted as exc:
+            outcome, ok = exc.problem, False
     else:
         state = dub_group.with_options(flow_run_name=name)(ws, film, shots, return_state=True)
         outcome, ok = f"subflow ended {state.name}", state.is_completed()
@@ -157,9 +180,51 @@ def run_group(
 
 
 def run_pipeline(
-    source: str, audio: str, out: str | None, mix: str | None, config: dict[str, Any], runner: Any
+    source: str,
+    audio: str,
+    out: str | None,
+    mix: str | None,
+    config: dict[str, Any],
+    runner: Any,
+    overwrite: bool = False,
 ) -> str:
-    """The dub-film sequence (no media math here: every step is a task)."""
+    """The dub-film sequence (no media math here: every step is a task).
+
+    Everything that would fail late is checked first (config, output path, pixel format, inputs, the
+    workspace's intermediates and free space); from the workspace's opening to the end the run holds
+    its lock (a second run of the same workspace waits, `checks.lock_wait_s`).
+    """
+    with contextlib.ExitStack() as held:
+        return _pipeline(source, audio, out, mix, config, runner, overwrite, held)
+
+
+def _lock_workspace(
+    held: contextlib.ExitStack, runner: Any, ws: Workspace, source: str, audio: str, cfg: PipelineConfig
+) -> Workspace:
+    """Hold `ws`'s run lock until the run ends; reopen the workspace if the run waited for removed it."""
+    lock = hold_lock(
+        ws.path / RUN_LOCK,
+        f"workspace {ws.path}",
+        wait_s=cfg.checks.lock_wait_s,
+        run=str(flow_run.name or ""),
+    )
+    held.enter_context(lock)
+    if not (ws.path / MANIFEST).exists():  # removed by the run we waited for (workspace.keep: false)
+        cfgd = cfg.to_dict()
+        ws = Workspace.from_dict(runner.call(open_film_workspace, source, audio, cfgd, cfg.workspace.root))
+    return ws
+
+
+def _pipeline(
+    source: str,
+    audio: str,
+    out: str | None,
+    mix: str | None,
+    config: dict[str, Any],
+    runner: Any,
+    overwrite: bool,
+    held: contextlib.ExitStack,
+) -> str:
     t0 = time.monotonic()
     logger = run_logger(log)
     cfg = PipelineConfig.from_dict(config)
@@ -170,15 +235,20 @@ def run_pipeline(
     cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
+    check_config(cfg)
+    out = str(confine_output(out, source))  # resolved, under an output root, not a foreign file
     if cfg.backend.name not in BACKENDS:
         raise ConfigError(
             "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
         )
     name, tag = Path(source).name, film_tag(source)
     video = runner.call(probe_source, source, cfgd, name=name)
+    check_frame_size(source, video["width"], video["height"], cfg.encode.pix_fmt)
     ws = Workspace.from_dict(
         runner.call(open_film_workspace, source, audio, cfgd, cfg.workspace.root, name=name)
     )
+    ws = _lock_workspace(held, runner, ws, source, audio, cfg)
+    check_overwrite(out, ws.key, overwrite)
     shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
     n, fps = shots["frame_count"], shots["fps"]
     if n != video["frame_count"]:
@@ -189,6 +259,7 @@ def run_pipeline(
     mix_action = runner.call(check_final_mix, mix, n, fps, cfgd, name=Path(mix).name) if mix else None
     plans = runner.call(plan_shots, shots, cfgd, name=name)
     records = shot_records(shots, plans, track)
+    runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
     needs_gpu = cfg.backend.name != "passthrough"
@@ -218,15 +289,19 @@ def run_pipeline(
     runner.publish(publish_groups, tag, ws, groups, records, states, cost.model_load_s if needs_gpu else 0.0)
     failed = [r for r in rows if r["status"] not in ("done", "copied")]
     if failed:
+        first = failed[0]["reason"] or (runner.errors[0] if runner.errors else failed[0]["status"])
         raise ShotsFailed(
             source,
-            f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; "
-            f"first: {failed[0]['reason'] or failed[0]['status']}; re-run to resume",
+            f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; first: {first}; re-run to resume",
         )
 
     audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
     paths = [r["output"] for r in rows]
-    final = runner.call(assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name)
+    files = [((read_shot_done(ws, r["index"]) or {}).get("result") or {}).get("file") for r in rows]
+    final = runner.call(
+        assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name,
+        records=files, stamp=output_stamp(ws.key),
+    )  # fmt: skip
     per_stage = shot_timings(rows, ws)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
@@ -267,19 +342,22 @@ def dub_film(
     mix: str | None = None,
     config: dict[str, Any] | None = None,
     fanout: Fanout = "auto",
+    overwrite: bool = False,
 ) -> str:
     """Dub `source` with the dialogue track `audio` (and optional final `mix`) into `out`.
 
     `config` is a (partial) nested config dict applied over `configs/default.yaml`; `out` defaults to
-    `out/<stem>.dubbed.mp4`. `fanout`: see the module docstring. The thread pool bounds the groups in
-    flight at once in deployments mode (64 GPUs).
+    `out/<stem>.dubbed.mp4` and must resolve under an output root (`flows/outputs.py`, set on the host
+    running this flow, never by a parameter); `overwrite` lets it replace an earlier dubflow output of
+    another film or config (never a file dubflow did not write). `fanout`: see the module docstring.
+    The thread pool bounds the groups in flight at once in deployments mode (64 GPUs).
     """
     cfg = load_config(updates=config or {})
     if fanout == "auto":
         fanout = "deployments" if deployment.id else "local"
     if fanout not in ("local", "deployments"):
         raise ConfigError("fanout", f"unknown fan-out {fanout!r} (auto, local or deployments)")
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), PrefectRunner(fanout, run_group))
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), PrefectRunner(fanout, run_group), overwrite)
 
 
 def dub_film_inline(
@@ -288,7 +366,8 @@ def dub_film_inline(
     out: str | None = None,
     mix: str | None = None,
     config: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> str:
     """The same pipeline without Prefect (plain calls, same tasks, same workspace and resume)."""
     cfg = load_config(updates=config or {})
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner())
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), overwrite)

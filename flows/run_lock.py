@@ -51,6 +51,13 @@ def _read_owner(fd: int) -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else None
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
 def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -68,19 +75,25 @@ def hold_lock(
     `what` names the locked thing in messages ("workspace /w/x", "shot 0042"). Yields the owner record.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, waiting = time.monotonic() + max(0.0, wait_s), False
+    while True:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        if _try_lock(fd):
+            if _same_file(fd, p):
+                break
+            os.close(fd)  # the file was removed (its folder deleted) while we waited: lock the new one
+            continue
+        holder = holder_text(_read_owner(fd))
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            waited = f" after waiting {wait_s:.0f} s (checks.lock_wait_s)" if wait_s > 0 else ""
+            raise LockBusy(p, f"{what} is in use by {holder}{waited}")
+        if not waiting:
+            log.info("%s is in use by %s: waiting up to %.0f s", what, holder, wait_s)
+            waiting = True
+        time.sleep(min(poll_s, max(0.01, deadline - time.monotonic())))
     try:
-        deadline, waiting = time.monotonic() + max(0.0, wait_s), False
-        while not _try_lock(fd):
-            holder = holder_text(_read_owner(fd))
-            if time.monotonic() >= deadline:
-                waited = f" after waiting {wait_s:.0f} s (checks.lock_wait_s)" if wait_s > 0 else ""
-                raise LockBusy(p, f"{what} is in use by {holder}{waited}")
-            if not waiting:
-                log.info("%s is in use by %s: waiting up to %.0f s", what, holder, wait_s)
-                waiting = True
-            time.sleep(min(poll_s, max(0.01, deadline - time.monotonic())))
         stale = _read_owner(fd)
         if stale:  # a holder that ended without releasing: it died (a released lock is emptied)
             log.warning(

@@ -14,6 +14,7 @@ A workspace is keyed by what determines the result:
 Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
 
     workspace.json          what the key was made of, plus a random incarnation id (see below)
+    run.lock                held by the film run using the workspace (one at a time; flows/run_lock.py)
     attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
     shots/0042/             one folder per shot (4-digit index)
         shot.mkv            the shot's lossless intermediate (written atomically by the renderer)
@@ -21,6 +22,7 @@ Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path sh
         done.json           written atomically and LAST: the shot is complete iff this exists, is readable
                             and its ``result.file`` record (size, SHA-256, frames) matches ``shot.mkv``
         failed.json         the last failure's reason (removed when the shot completes)
+        render.lock         held while a process renders the shot (another one skips it)
 
 Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_cache_key`` (workspace
 key + incarnation + shot index + shot plan hash; never the flow run id). ``done.json`` is the second:
@@ -67,6 +69,8 @@ MANIFEST = "workspace.json"
 DONE = "done.json"
 FAILED = "failed.json"
 ATTEMPTS = "attempts.jsonl"
+RUN_LOCK = "run.lock"  # held by the film run using the workspace (flows/run_lock.py)
+SHOT_LOCK = "render.lock"  # in a shot folder: held while the shot renders
 _PROJECT_DIR = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("flows", "tasks", "model")  # the code a shot's pixels depend on (see code_version)
 
@@ -259,8 +263,10 @@ def read_shot_done(ws: Workspace, index: int) -> dict[str, Any] | None:
         record = read_json(path)
         output = Path(record["output"])
         size = (record.get("result") or {}).get("file", {}).get("size")
-    except (WorkspaceError, KeyError, TypeError, AttributeError) as exc:
-        return _invalidate(ws, index, f"{path}: unreadable done marker ({exc})")
+    except WorkspaceError as exc:
+        return _invalidate(ws, index, f"unreadable done marker: {exc}")
+    except (KeyError, TypeError, AttributeError) as exc:
+        return _invalidate(ws, index, f"{path}: not a done marker ({type(exc).__name__}: {exc})")
     try:
         have = output.stat().st_size
     except OSError as exc:
