@@ -35,18 +35,10 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))
 
 from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
+from tests.media import _PALETTE  # noqa: E402 (distinct colours: every cut is a hard cut)
 from tests.stack import Stack, running_stack  # noqa: E402
 
 FPS = Fraction(24000, 1001)
-_PALETTE = (
-    (200, 40, 40),
-    (40, 180, 60),
-    (40, 60, 200),
-    (220, 200, 40),
-    (160, 40, 200),
-    (40, 200, 200),
-    (240, 240, 240),
-)
 
 
 def make_film(path: Path, shots: int, shot_s: float, size: tuple[int, int], seed: int = 0) -> int:

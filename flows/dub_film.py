@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -179,23 +181,15 @@ def run_group(
 # ------------------------------------------------------------------------------------ the sequence
 
 
-def run_pipeline(
-    source: str,
-    audio: str,
-    out: str | None,
-    mix: str | None,
-    config: dict[str, Any],
-    runner: Any,
-    overwrite: bool = False,
-) -> str:
-    """The dub-film sequence (no media math here: every step is a task).
+def _holding_locks(fn: Callable[..., str]) -> Callable[..., str]:
+    """Call `fn` with `held`, an ExitStack closed when it returns or raises (the locks it takes)."""
 
-    Everything that would fail late is checked first (config, output path, pixel format, inputs, the
-    workspace's intermediates and free space); from the workspace's opening to the end the run holds
-    its lock (a second run of the same workspace waits, `checks.lock_wait_s`).
-    """
-    with contextlib.ExitStack() as held:
-        return _pipeline(source, audio, out, mix, config, runner, overwrite, held)
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> str:
+        with contextlib.ExitStack() as held:
+            return fn(*args, held=held, **kwargs)
+
+    return wrapper
 
 
 def _lock_workspace(
@@ -215,16 +209,24 @@ def _lock_workspace(
     return ws
 
 
-def _pipeline(
+@_holding_locks
+def run_pipeline(
     source: str,
     audio: str,
     out: str | None,
     mix: str | None,
     config: dict[str, Any],
     runner: Any,
-    overwrite: bool,
+    overwrite: bool = False,
+    *,
     held: contextlib.ExitStack,
 ) -> str:
+    """The dub-film sequence (no media math here: every step is a task).
+
+    Everything that would fail late is checked first (config, output path, pixel format, inputs, the
+    workspace's intermediates and free space); from the workspace's opening to the end the run holds
+    its lock (a second run of the same workspace waits, `checks.lock_wait_s`).
+    """
     t0 = time.monotonic()
     logger = run_logger(log)
     cfg = PipelineConfig.from_dict(config)
