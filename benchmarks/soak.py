@@ -199,10 +199,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if first.rc != 0:
             result["first_run"]["tail"] = first.output[-3000:]
             return result
-        result["per_shot_wall_s"] = round(first.wall_s / args.shots, 3)
         result |= shot_overheads(stack, stack.workspace, first.flow_run_id)
+        result["per_shot_wall_s"] = round(first.wall_s / max(1, result.get("shot_task_runs", 0)), 3)
         again = stack.run_deployment("dub-film/default", params, timeout=args.timeout)
         result["cached_rerun"] = {"rc": again.rc, "wall_s": round(again.wall_s, 1)}
+        if again.rc != 0:
+            result["cached_rerun"]["tail"] = again.output[-3000:]
         result["server_peak_rss_mib"] = sampler.stop() if sampler else None
         db = [p for p in stack.home.glob("prefect.db*")]
         result["sqlite_mib"] = round(sum(p.stat().st_size for p in db) / 2**20, 1)
