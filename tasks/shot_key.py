@@ -37,13 +37,13 @@ from tasks.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 1  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 
-# Config that never changes a shot's pixels (output encoding, where files go, costs, fault injection) or
-# is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism and block
-# offload give bit-identical outputs, profiling only adds device syncs. `gate.overrides` is reduced to the
+# Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault
+# injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
+# and block offload give bit-identical outputs, profiling only adds device syncs. `gate.overrides` is reduced to the
 # shot's own entry by `shot_settings`.
 NON_PIXEL_CONFIG = (
-    "encode", "workspace", "cost", "estimate", "debug", "probe", "shots", "infinitetalk.gpus_per_shot",
-    "infinitetalk.profile", "infinitetalk.offload",
+    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots",
+    "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload",
 )  # fmt: skip
 LOCAL_REACH_S = 0.12  # the sampler's 5-frame audio window at 25 fps (+-0.08 s) + wav2vec2's 25 ms frame
 
