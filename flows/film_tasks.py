@@ -229,8 +229,8 @@ def assemble_film(
     )
     stamp_path = Path(workdir) / "assembled.json"
     if stamp_path.exists() and Path(out).is_file():
-        stamp, st = read_json(stamp_path), Path(out).stat()
-        if stamp.get("inputs") == inputs and [stamp.get("size"), stamp.get("mtime_ns")] == [
+        last, st = read_json(stamp_path), Path(out).stat()  # `last`: never shadow the `stamp` parameter
+        if last.get("inputs") == inputs and [last.get("size"), last.get("mtime_ns")] == [
             st.st_size,
             st.st_mtime_ns,
         ]:
