@@ -1,7 +1,7 @@
 """`dubflow` command line.
 
-    dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--config FILE] [--backend NAME] [--set k=v ...]
-                [--plan PLAN.yaml] [--preview]
+    dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--overwrite] [--config FILE] [--backend NAME]
+                [--set k=v ...] [--plan PLAN.yaml] [--preview]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
     dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/plan_file.py)
@@ -10,8 +10,11 @@
 
 `dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else
 Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain calls. `shots` and
-`plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`,
-and exit with status 1 (no traceback; `--debug` shows it).
+`plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`
+(`<key>: <problem>` for a config value), and exit with status 1 (no traceback; `--debug` shows it).
+`dub` checks before anything starts what would otherwise fail late: config values, the output path
+(confined to the output roots, never a file dubflow did not write), the delivery pixel format
+against the film's frame size.
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     dub.add_argument(
         "--mix", metavar="MIX", help="final mix to put in the output (default: the dialogue track)"
     )
-    dub.add_argument("--out", required=True, metavar="OUT", help="output file (.mp4, .mov, .mkv)")
+    dub.add_argument(
+        "--out", required=True, metavar="OUT",
+        help="output file (.mp4, .mov, .mkv) under an output root: DUBFLOW_OUTPUT_ROOTS, default the film's folder and out/",
+    )  # fmt: skip
+    dub.add_argument(
+        "--overwrite", action="store_true",
+        help="replace OUT if it is an earlier dubflow output of another film or pass (never a file dubflow did not write)",
+    )  # fmt: skip
     dub.add_argument(
         "--backend", metavar="NAME", help="backend (passthrough = dry run); same as --set backend.name="
     )
@@ -117,10 +127,12 @@ def cmd_shots(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from tasks.audio import check_length, decode_audio, slice_bounds
     from tasks.plan import plan_film
+    from tasks.preflight import check_config
     from tasks.probe import probe
     from tasks.shots import detect_shots
 
     cfg = _config(args)
+    check_config(cfg)
     if args.out:
         return _write_plan_file(args, cfg)
     info = probe(args.source, frame_count=cfg.probe.frame_count)
@@ -175,12 +187,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_dub(args: argparse.Namespace) -> int:
     extra = [f"backend.name={args.backend}"] if args.backend else []
     cfg = _config(args, extra)
+    from flows.outputs import confine_output
     from tasks.assemble import check_output_path
+    from tasks.preflight import check_config, check_frame_size
     from tasks.probe import read_header
 
-    # cheap checks before any Prefect start-up: the inputs open, the output is usable
+    # cheap checks before any Prefect start-up: the config can work, the inputs open, the output is allowed
+    check_config(cfg)
     check_output_path(args.out, args.source, args.audio, args.mix)
-    read_header(args.source)
+    confine_output(args.out, args.source)
+    head = read_header(args.source)
+    if head.video:
+        check_frame_size(args.source, head.video[0].width, head.video[0].height, cfg.encode.pix_fmt)
     for p in (args.audio, args.mix):
         if p:
             read_header(p)
@@ -191,14 +209,24 @@ def cmd_dub(args: argparse.Namespace) -> int:
     if args.no_prefect:
         from flows.dub_film import dub_film_inline
 
-        out = dub_film_inline(args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan)
+        out = dub_film_inline(
+            args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan, overwrite=args.overwrite
+        )
     else:
         if not os.environ.get("PREFECT_API_URL"):
             # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
             os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
         from flows.dub_film import dub_film
 
-        out = dub_film(args.source, args.audio, args.out, args.mix, cfg.to_dict(), plan=args.plan)
+        out = dub_film(
+            args.source,
+            args.audio,
+            args.out,
+            args.mix,
+            cfg.to_dict(),
+            plan=args.plan,
+            overwrite=args.overwrite,
+        )
     print(out)
     return 0
 

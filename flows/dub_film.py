@@ -31,10 +31,13 @@ last finished chunk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -44,10 +47,12 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.child_runs import ChildNotStarted, await_child
 from flows.film_tasks import (
     apply_plan_file,
     assemble_film,
     check_final_mix,
+    check_workspace,
     decide_speakers,
     default_output,
     dialogue_wav,
@@ -62,18 +67,31 @@ from flows.film_tasks import (
     workspace_root,
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
+from flows.outputs import check_overwrite, confine_output, output_comment
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_records, shot_rows, shot_timings
-from flows.runners import InlineRunner, PrefectRunner, render_group
+from flows.run_lock import hold_lock
+from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot
-from flows.workspace import Workspace, mark_shot_failed, read_shot_failed, shot_done, stable_hash
+from flows.workspace import (
+    MANIFEST,
+    RUN_LOCK,
+    Workspace,
+    mark_shot_failed,
+    read_shot_done,
+    read_shot_failed,
+    shot_done,
+    stable_hash,
+)
 from tasks.assemble import check_output_path
 from tasks.audio import DialogueTrack
 from tasks.backend import BACKENDS
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError, DubflowError
 from tasks.plan import ShotPlan
+from tasks.preflight import check_config, check_frame_size
+from tasks.render import PREVIEW_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +127,11 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
 
     failed = render_group(workspace, shots, run_shot)
     if failed:
+        first = next(iter(failed.items()))
         raise ShotsFailed(
             film["source"],
-            f"{len(failed)} of {len(shots)} shot(s) failed: {failed}; retry this run to redo them",
+            f"{len(failed)} of {len(shots)} shot(s) failed: {list(failed)}; first: shot {first[0]:04d}: "
+            f"{first[1]}; retry this run to redo them",
         )
     return {"shots": [s["index"] for s in shots], "model_load_s": backends.load_s, **where}
 
@@ -122,7 +142,7 @@ def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     return f"dubflow-{ws.key}-{ws.incarnation}-group-{keys}"
 
 
-@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True)
+@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json")
 def run_group(
     ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, Any]], name: str, fanout: str
 ) -> dict[str, Any]:
@@ -140,12 +160,18 @@ def run_group(
             GROUP_DEPLOYMENT,
             parameters={"ws": ws, "film": film, "shots": shots},
             flow_run_name=name,
-            timeout=None,
-            poll_interval=2,
+            timeout=0,  # created, not awaited here: await_child fails when no worker ever starts it
             as_subflow=True,
         )
-        outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
-        ok = child.state.is_completed()
+        try:
+            child = await_child(
+                child.id, name=name, pool=GPU_POOL,
+                unscheduled_timeout_s=film["config"]["checks"]["unscheduled_timeout_s"],
+            )  # fmt: skip
+            outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
+            ok = child.state.is_completed()
+        except ChildNotStarted as exc:
+            outcome, ok = exc.problem, False
     else:
         state = dub_group.with_options(flow_run_name=name)(ws, film, shots, return_state=True)
         outcome, ok = f"subflow ended {state.name}", state.is_completed()
@@ -163,6 +189,35 @@ def run_group(
 # ------------------------------------------------------------------------------------ the sequence
 
 
+def _holding_locks(fn: Callable[..., str]) -> Callable[..., str]:
+    """Call `fn` with `held`, an ExitStack closed when it returns or raises (the locks it takes)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> str:
+        with contextlib.ExitStack() as held:
+            return fn(*args, held=held, **kwargs)
+
+    return wrapper
+
+
+def _lock_workspace(
+    held: contextlib.ExitStack, runner: Any, ws: Workspace, source: str, cfg: PipelineConfig
+) -> Workspace:
+    """Hold `ws`'s run lock until the run ends; reopen the workspace if the run waited for removed it."""
+    lock = hold_lock(
+        ws.path / RUN_LOCK,
+        f"workspace {ws.path}",
+        wait_s=cfg.checks.lock_wait_s,
+        run=str(flow_run.name or ""),
+    )
+    held.enter_context(lock)
+    if not (ws.path / MANIFEST).exists():  # removed by the run we waited for (workspace.keep: false)
+        cfgd = cfg.to_dict()
+        ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root))
+    return ws
+
+
+@_holding_locks
 def run_pipeline(
     source: str,
     audio: str,
@@ -171,8 +226,16 @@ def run_pipeline(
     config: dict[str, Any],
     runner: Any,
     plan: str | None = None,
+    overwrite: bool = False,
+    *,
+    held: contextlib.ExitStack,
 ) -> str:
-    """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file."""
+    """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file.
+
+    Everything that would fail late is checked first (config, output path, pixel format, inputs, the
+    workspace's intermediates and free space); from the workspace's opening to the end the run holds
+    its lock (a second run of the same workspace waits, `checks.lock_wait_s`).
+    """
     t0 = time.monotonic()
     logger = run_logger(log)
     cfg = PipelineConfig.from_dict(config)
@@ -183,13 +246,18 @@ def run_pipeline(
     cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
+    check_config(cfg)
+    out = str(confine_output(out, source))  # resolved, under an output root, not a foreign file
     if cfg.backend.name not in BACKENDS:
         raise ConfigError(
             "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
         )
     name, tag = Path(source).name, film_tag(source)
     video = runner.call(probe_source, source, cfgd, name=name)
+    check_frame_size(source, video["width"], video["height"], cfg.encode.pix_fmt)
     ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root, name=name))
+    ws = _lock_workspace(held, runner, ws, source, cfg)
+    check_overwrite(out, ws.key, overwrite)
     shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
     n, fps = shots["frame_count"], shots["fps"]
     if n != video["frame_count"]:
@@ -203,6 +271,7 @@ def run_pipeline(
     if plan:
         records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name)
     records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name)
+    runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
 
     needs_gpu = cfg.backend.name != "passthrough"
@@ -242,15 +311,19 @@ def run_pipeline(
     runner.publish(publish_groups, tag, ws, groups, records, states, cost.model_load_s if needs_gpu else 0.0)
     failed = [r for r in rows if r["status"] not in ("done", "copied")]
     if failed:
+        first = failed[0]["reason"] or (runner.errors[0] if runner.errors else failed[0]["status"])
         raise ShotsFailed(
             source,
-            f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; "
-            f"first: {failed[0]['reason'] or failed[0]['status']}; re-run to resume",
+            f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; first: {first}; re-run to resume",
         )
 
     audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
     paths = [r["output"] for r in rows]
-    final = runner.call(assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name)
+    files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
+    final = runner.call(
+        assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
+        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None),
+    )  # fmt: skip
     timeline = runner.call(export_timeline, final, source, video, records, rows, audio_path, cfgd, name=name)
     per_stage = shot_timings(rows, ws, records)
     if not cfg.workspace.keep:
@@ -308,21 +381,25 @@ def dub_film(
     fanout: Fanout = "auto",
     plan: str | None = None,
     preview: bool = False,
+    overwrite: bool = False,
 ) -> str:
     """Dub `source` with the dialogue track `audio` (and optional final `mix`) into `out`.
 
     `config` is a (partial) nested config dict applied over `configs/default.yaml`; `out` defaults to
-    `out/<stem>.dubbed.mp4`. `fanout`: see the module docstring. `plan`: an edited shot plan file
-    (`dubflow plan --out`) whose per-shot overrides apply. `preview`: the fast preview pass
-    (`configs/preview.yaml` over `config`, its own workspace). The thread pool bounds the groups in
-    flight at once in deployments mode (64 GPUs).
+    `out/<stem>.dubbed.mp4` and must resolve under an output root (`flows/outputs.py`, set on the host
+    running this flow, never by a parameter); `overwrite` lets it replace an earlier dubflow output of
+    another film or pass (never a file dubflow did not write). `fanout`: see the module docstring.
+    `plan`: an edited shot plan file (`dubflow plan --out`) whose per-shot overrides apply. `preview`:
+    the fast preview pass (`configs/preview.yaml` over `config`, its own workspace). The thread pool
+    bounds the groups in flight at once in deployments mode (64 GPUs).
     """
     cfg = load_config(updates=config or {}, preview=preview)
     if fanout == "auto":
         fanout = "deployments" if deployment.id else "local"
     if fanout not in ("local", "deployments"):
         raise ConfigError("fanout", f"unknown fan-out {fanout!r} (auto, local or deployments)")
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), PrefectRunner(fanout, run_group), plan)
+    runner = PrefectRunner(fanout, run_group)
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), runner, plan, overwrite)
 
 
 def dub_film_inline(
@@ -333,7 +410,8 @@ def dub_film_inline(
     config: dict[str, Any] | None = None,
     plan: str | None = None,
     preview: bool = False,
+    overwrite: bool = False,
 ) -> str:
     """The same pipeline without Prefect (plain calls, same tasks, same workspace and resume)."""
     cfg = load_config(updates=config or {}, preview=preview)
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), plan)
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), plan, overwrite)

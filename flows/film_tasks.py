@@ -19,20 +19,23 @@ from prefect import task
 from flows.progress import artifact_key
 from flows.runtime import run_logger
 from flows.workspace import (
+    DONE,
     Workspace,
     atomic_write_json,
     film_fingerprint,
     open_workspace,
     read_json,
     stable_hash,
+    verify_shot_done,
 )
 from tasks.assemble import AudioSource, assemble
 from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.config import PipelineConfig, load_config
+from tasks.intermediates import IntermediateError
 from tasks.plan import plan_film
 from tasks.plan_file import plan_overrides
+from tasks.preflight import check_free_space, workspace_need
 from tasks.probe import VideoInfo, probe
-from tasks.render import PREVIEW_LABEL
 from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
@@ -197,6 +200,29 @@ def decide_speakers(
     return out
 
 
+@task(task_run_name="verify {name}")
+def check_workspace(
+    ws: dict[str, str],
+    shots: list[dict[str, Any]],
+    video: dict[str, Any],
+    config: dict[str, Any],
+    name: str = "",
+) -> list[int]:
+    """Before any rendering: every done shot's intermediate still matches its marker (size + SHA-256;
+    a mismatch is logged and the shot rendered again), and the disk holds what the rest will write.
+
+    Returns the shots that still have to be rendered.
+    """
+    workspace, cfg = Workspace.from_dict(ws), PipelineConfig.from_dict(config)
+    todo = []
+    for shot in shots:
+        if verify_shot_done(workspace, shot["index"], shot["key"]) is None:
+            todo.append(shot)
+    need = workspace_need([s["frames"] for s in todo], video["width"], video["height"], cfg.checks.ffv1_ratio)
+    check_free_space(workspace.path, need, f"the {len(todo)} shot(s) still to render")
+    return [s["index"] for s in todo]
+
+
 @task(task_run_name="assemble {name}")
 def assemble_film(
     video: dict[str, Any],
@@ -207,9 +233,14 @@ def assemble_film(
     config: dict[str, Any],
     workdir: str,
     name: str = "",
+    records: list[dict[str, Any] | None] | None = None,
+    stamp: str | None = None,
 ) -> str:
     """Join the shots, encode once, mux the dubbed audio, write `out` atomically.
 
+    `records`: the shots' file records from their done markers, each verified before use (a shot
+    that fails is marked not done, so a re-run renders it again). `stamp`: the output's container
+    comment (`flows.outputs.output_comment`: the dubflow stamp, plus the preview label of a preview).
     Skipped when `out` is the file this workspace last assembled from the same shot files, audio and
     encode settings (`assembled.json`): re-running a finished film costs no second encode.
     """
@@ -226,8 +257,8 @@ def assemble_film(
     )
     stamp_path = Path(workdir) / "assembled.json"
     if stamp_path.exists() and Path(out).is_file():
-        stamp, st = read_json(stamp_path), Path(out).stat()
-        if stamp.get("inputs") == inputs and [stamp.get("size"), stamp.get("mtime_ns")] == [
+        last, st = read_json(stamp_path), Path(out).stat()  # `last`: never shadow the `stamp` parameter
+        if last.get("inputs") == inputs and [last.get("size"), last.get("mtime_ns")] == [
             st.st_size,
             st.st_mtime_ns,
         ]:
@@ -235,15 +266,22 @@ def assemble_film(
                 "%s is up to date (same shots, audio and encode settings): not re-encoded", out
             )
             return out
-    final = assemble(
-        VideoInfo.from_dict(video),
-        shot_paths,
-        out,
-        cfg.encode,
-        audio=AudioSource(audio_path, pad_audio),
-        workdir=workdir,
-        metadata={"comment": f"dubflow {PREVIEW_LABEL}"} if cfg.workspace.preview else None,
-    )
+    try:
+        final = assemble(
+            VideoInfo.from_dict(video),
+            shot_paths,
+            out,
+            cfg.encode,
+            audio=AudioSource(audio_path, pad_audio),
+            workdir=workdir,
+            records=records,
+            stamp=stamp,
+        )
+    except IntermediateError as exc:  # changed since it was verified: not done any more
+        (Path(exc.path).parent / DONE).unlink(missing_ok=True)
+        raise IntermediateError(
+            exc.path, f"{exc.problem}; marked not done, re-run to render it again"
+        ) from exc
     st = Path(final).stat()
     atomic_write_json(
         stamp_path, {"inputs": inputs, "out": final, "size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -29,14 +29,15 @@ GPU_POOL = "gpu-pool"
 ShotRunner = Callable[[dict[str, Any]], BaseException | None]
 
 
-def render_group(ws: Workspace, shots: Sequence[dict[str, Any]], run_shot: ShotRunner) -> list[int]:
-    """Every shot of a group in order; failures are recorded and never stop the others. Failed indices."""
-    failed = []
+def render_group(ws: Workspace, shots: Sequence[dict[str, Any]], run_shot: ShotRunner) -> dict[int, str]:
+    """Every shot of a group in order; failures are recorded and never stop the others (recording one
+    never raises either, e.g. on a full disk). The failed shots: {index: reason}."""
+    failed = {}
     for shot in shots:
         error = run_shot(shot)
         if error is not None:
-            mark_shot_failed(ws, shot["index"], shot["key"], failure_reason(error), where_am_i())
-            failed.append(shot["index"])
+            failed[shot["index"]] = failure_reason(error)
+            mark_shot_failed(ws, shot["index"], shot["key"], failed[shot["index"]], where_am_i())
     return failed
 
 
@@ -54,6 +55,9 @@ class InlineRunner:
     """The film sequence as plain function calls: no Prefect API, no artifacts, groups in order."""
 
     fanout = "inline"
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []  # why shots failed, in order (also when failed.json cannot be written)
 
     def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
         return t.fn(*args, **kwargs)
@@ -77,6 +81,7 @@ class InlineRunner:
         states = {}
         for group in groups:
             failed = render_group(ws, [shots[i] for i in group.shots], run_shot)
+            self.errors += [f"shot {i:04d}: {why}" for i, why in failed.items()]
             states[group.index] = "Failed" if failed else "Completed"
         return states
 
@@ -95,6 +100,7 @@ class PrefectRunner:
     ) -> None:
         self.fanout = fanout
         self.group_task = group_task
+        self.errors: list[str] = []  # why group runs failed, in group order
 
     def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
         return t(*args, **kwargs)
@@ -117,6 +123,7 @@ class PrefectRunner:
                 states[group.index] = wrapper(*args, return_state=True).name
         wait(list(futures.values()))  # always wait for every group: one failure must not cancel others
         states.update({i: f.state.name for i, f in futures.items()})
+        self.errors = [f.state.message for f in futures.values() if f.state.is_failed() and f.state.message]
         return states
 
     def publish(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

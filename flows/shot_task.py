@@ -20,8 +20,9 @@ from prefect import task
 from prefect.runtime import task_run
 
 from flows.progress import ShotProgress, artifact_key, shot_run_name
+from flows.run_lock import hold_lock
 from flows.runtime import run_logger, where_am_i
-from flows.workspace import Workspace, log_attempt, mark_shot_done, read_shot_done
+from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.backend import Backend, get_backend
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
@@ -110,8 +111,21 @@ def render_one_shot(
 ) -> dict[str, Any]:
     """Render one shot into the workspace unless its `done.json` says it is done; its ShotResult.
 
-    Writes `done.json` last, and one line per attempt to `attempts.jsonl`.
+    Holds the shot's render lock meanwhile: a shot another live process is rendering is not rendered
+    twice (`LockBusy`, naming that process). Writes `done.json` last, and one line per attempt to
+    `attempts.jsonl`.
     """
+    with hold_lock(ws.shot_dir(shot["index"], shot["key"]) / SHOT_LOCK, f"shot {shot['index']:04d}"):
+        return _render_unlocked(ws, film, shot, backends, on_progress)
+
+
+def _render_unlocked(
+    ws: Workspace,
+    film: dict[str, Any],
+    shot: dict[str, Any],
+    backends: BackendSlot,
+    on_progress: Callable[[float], None] | None,
+) -> dict[str, Any]:
     index, key = shot["index"], shot["key"]
     done = read_shot_done(ws, index, key)
     if done is not None:
@@ -187,7 +201,9 @@ def _publish_qc(tag: str, result: dict[str, Any]) -> None:
         log.warning("QC artifact of shot %04d: %s", result["index"], exc)
 
 
-@task(task_run_name=_shot_task_name, cache_key_fn=_shot_cache_key, persist_result=True)
+@task(
+    task_run_name=_shot_task_name, cache_key_fn=_shot_cache_key, persist_result=True, result_serializer="json"
+)
 def dub_shot(
     ws: dict[str, str], film: dict[str, Any], shot: dict[str, Any], backends: BackendSlot | None = None
 ) -> dict[str, Any]:

@@ -12,20 +12,26 @@ shots whose own inputs changed.
 Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path shared by all hosts)::
 
     workspace.json          what the key was made of, plus a random incarnation id (see below)
+    run.lock                held by the film run using the workspace (one at a time; flows/run_lock.py)
     attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
     shots-<hash>.json       the shot partition, per shot-detection config
     dialogue-<fp>.wav       the decoded dub track, per dub file
     film/                   per-film caches (prompt embeddings, audio features: keyed inside)
     shots/0042-<shot key>/  one folder per shot result (4-digit index + its key): content-addressed
         <intermediate>      the shot's rendered file, written through ``atomic_path``
-        shot.chunks/        per-chunk checkpoints (resume inside a long shot)
-        done.json           written atomically and LAST: the result is complete iff this exists
+        shot.chunks/        per-chunk checkpoints (resume inside a long shot; tasks/chunk_checkpoints.py)
+        done.json           written atomically and LAST: the result is complete iff this exists, is readable
+                            and its ``result.file`` record (size, SHA-256, frames) matches the intermediate
         failed.json         the last failure's reason (removed when the shot completes)
+        render.lock         held while a process renders the shot (another one skips it)
 
 Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_cache_key`` (workspace
 key + incarnation + shot index + shot key; never the flow run id). ``done.json`` is the second: a shot
 task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
 folder is recreated, so wiping a workspace also invalidates cache records that point into it.
+A marker that cannot be read, or whose intermediate no longer matches it, means "not done": it is
+removed with one log line naming the file, and the shot is rendered again (never a stuck state).
+Recording a failure or an attempt never raises (a full disk must not hide the error being recorded).
 No Prefect imports here: paths and files only.
 """
 
@@ -35,16 +41,28 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
-import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from enum import Enum
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
+
+from flows.jsonfiles import (  # noqa: F401 (re-exported: the workspace's file helpers)
+    WorkspaceError,
+    _json_bytes,
+    _jsonable,
+    _publish_once,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_json,
+)
+from tasks.intermediates import verify
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 MANIFEST = "workspace.json"
@@ -52,10 +70,8 @@ DONE = "done.json"
 FAILED = "failed.json"
 ATTEMPTS = "attempts.jsonl"
 STORE_LAYOUT = "shot-store-1"  # the workspace layout version (part of the workspace key)
-
-
-class WorkspaceError(RuntimeError):
-    """A workspace file cannot be read or created (the message names the file)."""
+RUN_LOCK = "run.lock"  # held by the film run using the workspace (flows/run_lock.py)
+SHOT_LOCK = "render.lock"  # in a shot result folder: held while the shot renders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,14 +207,52 @@ def open_workspace(
 
 
 def shot_done(ws: Workspace, index: int, key: str) -> bool:
-    """Whether the result of shot ``index`` under shot key ``key`` is complete."""
-    return ws.done_path(index, key).exists()
+    """Whether the result of shot ``index`` under shot key ``key`` is complete (`read_shot_done`)."""
+    return read_shot_done(ws, index, key) is not None
 
 
 def read_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
-    """The result's ``done.json`` record, or None when it is not complete."""
+    """The result's ``done.json`` record, or None when it is not complete.
+
+    Cheap (one stat): an unreadable marker, or an intermediate missing or of another size than its
+    record, invalidates the marker. `verify_shot_done` also checks the content hash.
+    """
     path = ws.done_path(index, key)
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        record = read_json(path)
+        output = Path(record["output"])
+        size = (record.get("result") or {}).get("file", {}).get("size")
+    except WorkspaceError as exc:
+        return _invalidate(ws, index, key, f"unreadable done marker: {exc}")
+    except (KeyError, TypeError, AttributeError) as exc:
+        return _invalidate(ws, index, key, f"{path}: not a done marker ({type(exc).__name__}: {exc})")
+    try:
+        have = output.stat().st_size
+    except OSError as exc:
+        return _invalidate(ws, index, key, f"{output}: shot intermediate unreadable ({exc.strerror or exc})")
+    if size is not None and have != size:
+        return _invalidate(ws, index, key, f"{output}: {have} bytes, {size} recorded (truncated or replaced)")
+    return record
+
+
+def verify_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
+    """`read_shot_done` plus the intermediate's content hash (one read of the file); None: not done."""
+    record = read_shot_done(ws, index, key)
+    if record is None:
+        return None
+    problem = verify(record["output"], (record.get("result") or {}).get("file"))
+    if problem is not None:
+        return _invalidate(ws, index, key, f"{record['output']}: {problem}")
+    return record
+
+
+def _invalidate(ws: Workspace, index: int, key: str, why: str) -> None:
+    """Mark shot ``index``'s result under ``key`` not done (its marker removed), with one log line why."""
+    log.warning("shot %04d: %s: not done, it will be rendered again", index, why)
+    with contextlib.suppress(OSError):
+        ws.done_path(index, key).unlink()
 
 
 def mark_shot_done(ws: Workspace, index: int, key: str, record: Mapping[str, Any]) -> Path:
@@ -211,8 +265,12 @@ def mark_shot_done(ws: Workspace, index: int, key: str, record: Mapping[str, Any
 
 def mark_shot_failed(
     ws: Workspace, index: int, key: str, reason: str, record: Mapping[str, Any] | None = None
-) -> Path:
-    """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where)."""
+) -> Path | None:
+    """Record why shot ``index`` failed (shown in the film's shot table), plus ``record`` (e.g. where).
+
+    Never raises: when the record cannot be written (a full disk) that is logged with the reason,
+    and the caller goes on reporting the original failure. None then.
+    """
     body = {
         "index": index,
         "key": key,
@@ -220,7 +278,11 @@ def mark_shot_failed(
         **(record or {}),
         "reason": reason,
     }
-    return atomic_write_json(ws.failed_path(index, key), body)
+    try:
+        return atomic_write_json(ws.failed_path(index, key), body)
+    except (OSError, TypeError) as exc:
+        log.error("shot %04d failed (%s); recording it also failed: %s", index, reason, exc)
+        return None
 
 
 def read_shot_failed(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
@@ -228,7 +290,11 @@ def read_shot_failed(ws: Workspace, index: int, key: str) -> dict[str, Any] | No
     path = ws.failed_path(index, key)
     if not path.exists() or shot_done(ws, index, key):
         return None
-    return read_json(path)
+    try:
+        return read_json(path)
+    except WorkspaceError as exc:
+        log.warning("%s (ignored)", exc)
+        return None
 
 
 def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
@@ -236,15 +302,19 @@ def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
 
     The workspace's audit trail: which host, worker and device rendered each shot, and how long it took.
     One ``O_APPEND`` write per line, so concurrent writers on one file system never interleave lines.
+    Never raises (the audit line is logged instead when it cannot be written, e.g. on a full disk).
     """
     line = json.dumps(
         {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **_jsonable(record)}, sort_keys=True
     )
-    fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+        fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.error("%s: cannot record the attempt %s (%s)", ws.path / ATTEMPTS, line, exc.strerror or exc)
 
 
 def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
@@ -256,104 +326,3 @@ def read_attempts(ws: Workspace) -> list[dict[str, Any]]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
         raise WorkspaceError(f"{path}: cannot read attempt records ({exc})") from exc
-
-
-# ------------------------------------------------------------------------------ atomic writes
-
-
-@contextlib.contextmanager
-def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``final`` (same suffix); on success ``os.replace`` it into place.
-
-    On an exception the temporary file is removed and ``final`` is left untouched. The temporary name
-    keeps the final suffix so tools that pick a format from it (ffmpeg) behave the same.
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{final.suffix}")
-    try:
-        yield tmp
-        if tmp.is_file():
-            _fsync_file(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(final.parent)
-
-
-def atomic_write_bytes(final: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``final`` atomically (readers see the old file or the whole new one)."""
-    with atomic_path(final) as tmp:
-        tmp.write_bytes(data)
-    return Path(final)
-
-
-def atomic_write_json(final: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically."""
-    return atomic_write_bytes(final, _json_bytes(obj))
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file; errors name the file."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise WorkspaceError(f"{path}: cannot read JSON ({exc})") from exc
-
-
-# ---------------------------------------------------------------------------------- helpers
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n").encode()
-
-
-def _jsonable(obj: Any) -> Any:
-    """Plain-JSON view of configs and records (dataclasses, paths, fractions, enums, tuples, sets)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, set | frozenset):
-        return sorted(_jsonable(v) for v in obj)
-    if isinstance(obj, Enum):
-        return _jsonable(obj.value)
-    if isinstance(obj, Fraction):
-        return f"{obj.numerator}/{obj.denominator}"
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    raise TypeError(f"cannot hash a {type(obj).__name__} value: {obj!r}")
-
-
-def _publish_once(final: Path, data: bytes) -> None:
-    """Create ``final`` with ``data`` unless it already exists (first writer wins, never torn)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, final)
-    finally:
-        os.unlink(tmp)
-
-
-def _fsync_file(path: Path) -> None:
-    with path.open("rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -6,7 +6,8 @@ once with the configured codec, and tagged with the source's display matrix (rot
 sample aspect ratio. The final mix (or the dialogue track) is muxed with a language tag and cut
 (or padded, when the length policy allows) to the picture's duration. The output is written to
 a temp file in the destination directory and moved into place with `os.replace`; the source is
-never opened for writing.
+never opened for writing. Each shot intermediate is checked against its done record (size and
+SHA-256) before it is used, so a corrupted or truncated shot is never delivered.
 
 VFR sources come out CFR at their average rate with the same frame count (documented limit).
 """
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import ffmpeg
 from tasks.config import EncodeConfig
 from tasks.errors import DecodeError, OutputError
-from tasks.frames import atomic_temp
+from tasks.intermediates import IntermediateError, verify
 from tasks.probe import VideoInfo, probe
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,10 @@ def build_encode_args(
     cfg: EncodeConfig,
     out_tmp: Path,
     muxer: str,
-    metadata: Mapping[str, str] | None = None,
+    stamp: str | None = None,
 ) -> list[str]:
-    """The ffmpeg argument list of the final encode (pure); `metadata`: container tags to write."""
+    """The ffmpeg argument list of the final encode (pure). `stamp`: the container's `comment` tag
+    (`flows.outputs.output_comment`: the `dubflow:<key>` stamp first, then e.g. the preview label)."""
     fps = info.fps
     dur = info.video_duration_s
     args = ["-v", "error", "-y"]
@@ -116,11 +117,32 @@ def build_encode_args(
                 args += [f"-c:a:{i}", "copy", f"-disposition:a:{i}", "0"]
     elif cfg.keep_source_audio and info.audio:
         args += ["-c:a", "copy"]
-    for key, value in (metadata or {}).items():
-        args += ["-metadata", f"{key}={value}"]
     if muxer in ("mp4", "mov"):
         args += ["-movflags", "+faststart"]
+    if stamp:
+        args += ["-metadata", f"comment={stamp}"]
     return [*args, "-f", muxer, str(out_tmp)]
+
+
+def _output_temp(final: Path) -> Path:
+    """A fresh temp file next to `final` created with mode 0666 & ~umask (the output's eventual mode)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):
+        tmp = final.with_name(f".{final.stem}.{os.urandom(4).hex()}.tmp{final.suffix}")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise OutputError(final, "cannot create a temporary file next to the output")
+
+
+def verify_shots(shot_paths: list[str], records: list[dict | None]) -> None:
+    """Each shot intermediate must be the file its done record describes (size + SHA-256)."""
+    for path, record in zip(shot_paths, records, strict=True):
+        problem = verify(path, record)
+        if problem is not None:
+            raise IntermediateError(path, f"shot intermediate does not match its done record: {problem}")
 
 
 def assemble(
@@ -131,26 +153,30 @@ def assemble(
     *,
     audio: AudioSource | None,
     workdir: str | Path,
-    metadata: Mapping[str, str] | None = None,
+    records: list[dict | None] | None = None,
+    stamp: str | None = None,
 ) -> str:
-    """Encode the film from its shot intermediates and mux `audio` (and container tags `metadata`);
-    return the output path.
+    """Encode the film from its shot intermediates and mux `audio`; return the output path.
 
-    The output is verified (frame count, frame rate) before it is moved into place.
+    `records`: the shots' done records (`tasks.intermediates`), each verified before use. `stamp`:
+    the container's `comment` tag (see `build_encode_args`). The output is verified (frame count, frame
+    rate) before it is moved into place; its mode follows the umask.
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
     for p in shot_paths:
         if not Path(p).is_file():
             raise DecodeError(p, "shot intermediate is missing")
+    if records is not None:
+        verify_shots(shot_paths, records)
     muxer = _MUXERS[o.suffix.lower()]
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "shots.ffconcat"
     listing.write_text(_ffconcat(shot_paths))
-    tmp = atomic_temp(o)
+    tmp = _output_temp(o)
     try:
         _, err = ffmpeg.run(
-            build_encode_args(info, listing, audio, cfg, tmp, muxer, metadata), path=o, what="final encode"
+            build_encode_args(info, listing, audio, cfg, tmp, muxer, stamp), path=o, what="final encode"
         )
         if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
             raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")

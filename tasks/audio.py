@@ -116,6 +116,13 @@ def decode_audio(path: str | Path, *, sample_rate: int, channels: int) -> np.nda
     samples = np.frombuffer(data, np.float32).reshape(-1, channels)
     if samples.shape[0] == 0:
         raise MediaError(p, "audio stream contains no samples")
+    bad = ~np.isfinite(samples).all(axis=1)
+    if bad.any():  # NaN/inf would make every shot "too quiet" and the final encode fail
+        first = int(np.argmax(bad))
+        raise MediaError(
+            p,
+            f"{int(bad.sum())} audio sample(s) are NaN or infinite, the first at {first / sample_rate:.3f} s",
+        )
     return samples
 
 

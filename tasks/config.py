@@ -91,6 +91,15 @@ class WorkspaceConfig:
 
 
 @dataclass(frozen=True)
+class ChecksConfig:
+    """Early checks, locks and timeouts (`tasks.preflight`, `flows.run_lock`); never part of the workspace key."""
+
+    ffv1_ratio: float  # FFV1 intermediate size / raw RGB size, for the free-disk estimate
+    lock_wait_s: float  # a second run of the same workspace waits this long for the first one
+    unscheduled_timeout_s: float  # a child group run no worker starts within this fails the film
+
+
+@dataclass(frozen=True)
 class CostConfig:
     """Shot-group sizing (`flows.groups.GpuCost`): chunks are priced like `dubflow estimate`
     (`tasks.estimate.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
@@ -259,6 +268,7 @@ class PipelineConfig:
     encode: EncodeConfig
     backend: BackendConfig
     workspace: WorkspaceConfig
+    checks: ChecksConfig
     cost: CostConfig
     debug: DebugConfig
     infinitetalk: InfiniteTalkConfig

@@ -2,12 +2,14 @@
 
 `render_shot(job)` takes a `ShotJob` (small serialisable records: paths and dicts, no tensors) so
 an orchestrator can ship it to any worker. Per chunk it writes a lossless FFV1 segment plus the
-backend's state; a restarted shot skips the chunks already written. At the end the segments are
-joined (stream copy) into the shot's intermediate, atomically.
+backend's state (`tasks.chunk_checkpoints`: data-only safetensors, hash-checked; never a pickle); a
+restarted shot skips the chunks verifiably written and recomputes any damaged one. At the end the
+segments are joined (stream copy) into the shot's intermediate, atomically, and its frame count and
+hash are recorded (`"file"`) so every later use can verify it.
 
 `render_shot_result(job)` does the same and returns a JSON-ready `ShotResult` dict for the flow:
 `{"index", "path", "dubbed", "reason", "chunks", "chunks_resumed", "backend", "tiny", "timings_s",
-"qc"}`. With a gating backend (`prepare_shot`) the shot's dub decision is taken first and kept next
+"qc", "file"}`. With a gating backend (`prepare_shot`) the shot's dub decision is taken first and kept next
 to the chunk checkpoints; a shot the gate skips is copied through untouched (no model call). Every
 dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a contact sheet under
 `<work dir>/qc/`.
@@ -15,10 +17,8 @@ dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a conta
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
 import shutil
 import time
 from collections import defaultdict
@@ -34,10 +34,12 @@ import torch
 from tasks import ffmpeg
 from tasks.audio import DialogueTrack, read_samples
 from tasks.backend import ChunkInput, ShotContext, ShotDecision, get_backend
+from tasks.chunk_checkpoints import ChunkCheckpoints
 from tasks.color import match_and_blend
 from tasks.config import PipelineConfig
 from tasks.errors import DecodeError, MediaError
 from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, iter_frames, read_frames
+from tasks.intermediates import clean_temps, read_marker, record_written, write_marker
 from tasks.overlap import dub_chunk_deferred, run_chunks
 from tasks.plan import ShotPlan
 from tasks.probe import VideoInfo, probe
@@ -94,8 +96,11 @@ def _concat_copy(segments: list[Path], out: Path, workdir: Path) -> None:
     """Join FFV1 segments by stream copy into `out` (atomic)."""
     if len(segments) == 1:
         tmp = atomic_temp(out)
-        shutil.copyfile(segments[0], tmp)
-        os.replace(tmp, out)
+        try:
+            shutil.copyfile(segments[0], tmp)
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
         return
     listing = workdir / "concat.txt"
     listing.write_text("ffconcat version 1.0\n" + "".join(f"file {_quote(p)}\n" for p in segments))
@@ -159,12 +164,6 @@ def run_dir(out: Path) -> Path:
         if (parent / "workspace.json").is_file():
             return parent
     return out.parent
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = atomic_temp(path)
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
@@ -251,20 +250,22 @@ def render_shot_result(
 
     seg_dir = out.with_name(out.stem + ".chunks")
     seg_dir.mkdir(parents=True, exist_ok=True)
-    segments = [seg_dir / f"chunk_{c.index:04d}.mkv" for c in plan.chunks]
-    states = [seg_dir / f"state_{c.index:04d}.pkl" for c in plan.chunks]
+    clean_temps(out.parent, out.stem)  # a crashed earlier attempt's half-written intermediate
+    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
+    segments = [checkpoints.segment(c.index) for c in plan.chunks]
 
     # 1. the dub decision (gating backends), taken once and kept with the checkpoints
     context = ShotContext(work_dir, info, track, (a0, a1), cfg)
     decision: ShotDecision | None = None
     if callable(getattr(backend, "prepare_shot", None)):
         decision_file = seg_dir / "decision.json"
-        if decision_file.exists():
-            decision = ShotDecision.from_dict(json.loads(decision_file.read_text()))
+        kept = read_marker(decision_file)  # unreadable: logged, the gate runs again
+        if kept is not None:
+            decision = ShotDecision.from_dict(kept)
         else:
             with timer("gate"):
                 decision = backend.prepare_shot(plan, geometry, shot_audio, track.sample_rate, context)
-            _write_json(decision_file, decision.to_dict())
+            write_marker(decision_file, decision.to_dict())
     dubs = bool(getattr(backend, "dubs", True))
     if decision is not None:
         dubbed, reason = decision.dub, decision.reason
@@ -283,11 +284,13 @@ def render_shot_result(
         "tiny": bool(getattr(backend, "tiny", False)),
         "timings_s": {},
         "qc": None,
+        "file": None,  # the intermediate's record (size, sha256, frames): checked before any reuse
     }
     if decision is not None and not decision.dub:
         log.info("shot %04d: not dubbed (%s): copying %d frames", plan.shot_index, reason, plan.num_frames)
         with timer("copy"):
             _copy_through(info, plan, out)
+            result["file"] = record_written(out, plan.num_frames)
         shutil.rmtree(seg_dir, ignore_errors=True)
         if on_progress:
             on_progress(1.0)
@@ -296,14 +299,8 @@ def render_shot_result(
         result["timings_s"] = timer.rounded()
         return result
 
-    # 2. resume after the last chunk marked done (segment + state written before the marker)
-    done = [seg_dir / f"chunk_{c.index:04d}.done" for c in plan.chunks]
-    first = 0
-    while first < len(plan.chunks) and done[first].exists():
-        first += 1
-    resume_state = None
-    if first > 0 and states[first - 1].exists():
-        resume_state = pickle.loads(states[first - 1].read_bytes())
+    # 2. resume after the last chunk verifiably done (segment + state checked against its marker)
+    first, resume_state = checkpoints.resume()
     result["chunks_resumed"] = first
     if first:
         log.info("shot %04d: resuming at chunk %d/%d", plan.shot_index, first + 1, len(plan.chunks))
@@ -361,13 +358,7 @@ def render_shot_result(
                 if n_out:
                     with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
                         w.write(chunk_out)
-                if st is not None:
-                    tmp = atomic_temp(states[c.index])
-                    tmp.write_bytes(pickle.dumps(st))
-                    os.replace(tmp, states[c.index])
-                done[c.index].touch()
-                if c.index > 0:  # only the newest state is ever resumed from
-                    states[c.index - 1].unlink(missing_ok=True)
+                checkpoints.commit(c.index, n_out, st)  # verified, then marked done
 
         try:
             waits = run_chunks(
@@ -395,6 +386,7 @@ def render_shot_result(
         raise DecodeError(info.path, f"shot {plan.shot_index} produced no frames")
     with timer("join"):
         _concat_copy(written, out, seg_dir)
+        result["file"] = record_written(out, plan.num_frames)  # verified on every reuse (done marker)
     shutil.rmtree(seg_dir, ignore_errors=True)
     if dubbed and cfg.qc.enabled:
         with timer("qc"):

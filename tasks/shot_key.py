@@ -42,14 +42,14 @@ from tasks.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 
-# Config that never changes a shot's pixels (output encoding, where files go, costs, fault injection) or
-# is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism and block
-# offload give bit-identical outputs, profiling only adds device syncs, the overlapped chunk pipeline
-# (`pipeline`) writes the same bytes as the sequential loop. `gate.overrides` is reduced to the
+# Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault
+# injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
+# and block offload give bit-identical outputs, profiling only adds device syncs, the overlapped chunk
+# pipeline (`pipeline`) writes the same bytes as the sequential loop. `gate.overrides` is reduced to the
 # shot's own entry by `shot_settings`.
 NON_PIXEL_CONFIG = (
-    "encode", "workspace", "cost", "estimate", "debug", "probe", "shots", "infinitetalk.gpus_per_shot",
-    "infinitetalk.profile", "infinitetalk.offload", "pipeline",
+    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots",
+    "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "pipeline",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
 GATE_ONLY_SPEAKER = (

@@ -9,6 +9,7 @@ with one cpu worker and two "gpu" workers, started once per session (``tests/sta
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from tests.stack import Stack, running_stack
 # Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
 # server's telemetry otherwise logs "database is locked" noise.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Tests write their outputs anywhere under the temp folder (flows/outputs.py confines `out` to the output
+# roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
+os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
 
 
 @pytest.fixture(scope="session")

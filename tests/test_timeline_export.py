@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import opentimelineio as otio
 
+from flows.outputs import output_stamp, output_tag
 from tasks.ffmpeg import ffmpeg_exe
 from tasks.qc import QcConfig, write_qc
 from tasks.render import PREVIEW_LABEL
@@ -42,6 +43,8 @@ def test_quality_and_preview_runs_coexist_and_export_the_shot_partition(tmp_path
     assert len(stores) == 2  # one workspace per pass, both kept with their shots
     assert all(len(list(s.glob("shots/*/done.json"))) == len(meta["shots"]) for s in stores)
     assert PREVIEW_LABEL in _comment(preview) and PREVIEW_LABEL not in _comment(quality)
+    # the comment's first word is still each output's dubflow stamp (its workspace), read as such
+    assert {output_tag(quality), output_tag(preview)} == {output_stamp(s.name) for s in stores}
 
     fps = Fraction(meta["fps"])
     edges = [0, *meta["cut_frames"], meta["frame_count"]]

@@ -29,7 +29,9 @@ from flows.workspace import (
     read_shot_done,
     read_shot_failed,
     shot_done,
+    verify_shot_done,
 )
+from tests.media import sha256
 
 CONFIG = {
     "shots": {"threshold": 27.0, "min_shot_frames": 1},
@@ -172,12 +174,43 @@ def test_shot_markers(tmp_path: Path, film: Path):
     mark_shot_failed(ws, 3, "k1", "CUDA out of memory")
     assert read_shot_failed(ws, 3, "k1")["reason"] == "CUDA out of memory"
     assert not shot_done(ws, 3, "k1")
-    mark_shot_done(ws, 3, "k1", {"output": "shot.mkv"})
+    out = ws.shot_dir(3, "k1") / "shot.mkv"
+    out.write_bytes(b"frames" * 100)
+    file = {"file": "shot.mkv", "size": 600, "sha256": sha256(out), "frames": 1}
+    mark_shot_done(ws, 3, "k1", {"output": str(out), "result": {"file": file}})
     assert shot_done(ws, 3, "k1") and not shot_done(ws, 3, "k2")  # another key: another result
-    assert read_shot_done(ws, 3, "k1")["output"] == "shot.mkv"
+    assert read_shot_done(ws, 3, "k1")["output"] == str(out) and verify_shot_done(ws, 3, "k1") is not None
     assert read_shot_failed(ws, 3, "k1") is None and not ws.failed_path(3, "k1").exists()
     assert not shot_done(ws, 4, "k1")
-    assert sorted(p.name for p in ws.shot_dir(3, "k1").iterdir()) == ["done.json"]  # no temp files left
+    assert sorted(p.name for p in ws.shot_dir(3, "k1").iterdir()) == [
+        "done.json",
+        "shot.mkv",
+    ]  # no temp files
+
+
+def test_a_damaged_shot_or_marker_means_not_done_never_a_stuck_state(tmp_path: Path, film: Path, caplog):
+    ws = open_workspace(tmp_path, film, CONFIG, version="v")
+    out = ws.shot_dir(1, "k") / "shot.mkv"
+
+    def done(data: bytes = b"x" * 1000) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+        file = {"file": out.name, "size": len(data), "sha256": sha256(out), "frames": 1}
+        mark_shot_done(ws, 1, "k", {"output": str(out), "result": {"file": file}})
+
+    done()
+    out.write_bytes(b"x" * 999)  # truncated: a stat sees it
+    assert not shot_done(ws, 1, "k") and not ws.done_path(1, "k").exists()
+    assert any(str(out) in r.message and "truncated" in r.message for r in caplog.records)
+    done()
+    out.write_bytes(b"x" * 500 + b"y" * 24 + b"x" * 476)  # same size: only the hash sees it
+    assert shot_done(ws, 1, "k") and verify_shot_done(ws, 1, "k") is None and not shot_done(ws, 1, "k")
+    done()
+    ws.done_path(1, "k").write_text('{"index": 1, "key')  # a torn marker
+    assert read_shot_done(ws, 1, "k") is None and not ws.done_path(1, "k").exists()
+    mark_shot_failed(ws, 1, "k", "boom")
+    ws.failed_path(1, "k").write_text("{")
+    assert read_shot_failed(ws, 1, "k") is None  # an unreadable failure record is no error either
 
 
 def test_atomic_path_replaces_on_success_and_keeps_old_file_on_error(tmp_path: Path):

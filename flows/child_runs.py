@@ -1,0 +1,57 @@
+"""Waiting for a child flow run (a shot group on a GPU worker) without ever hanging silently.
+
+A child run that no worker picks up stays Scheduled, then Late, forever (the only GPU worker died,
+or none was started). `await_child` polls the run until it ends; while it has not been started by
+any worker it counts against ``checks.unscheduled_timeout_s``, after which the child is cancelled
+and `ChildNotStarted` names the pool and the fix. Once a worker has taken the run (Pending,
+Running, ...) the time it takes is its own: shots may legitimately run for hours. Only the Prefect
+client is used here; no media work, no workspace files.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from uuid import UUID
+
+from tasks.errors import DubflowError
+
+log = logging.getLogger(__name__)
+
+
+class ChildNotStarted(DubflowError):
+    """No worker of the pool started a child run in time (the message names the pool)."""
+
+
+def await_child(
+    child_id: UUID, *, name: str, pool: str, unscheduled_timeout_s: float, poll_s: float = 2.0
+) -> Any:
+    """The child flow run once it is final; `ChildNotStarted` (child cancelled) if never started in time."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    waited_since = time.monotonic()
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(child_id)
+            state = run.state
+            if state is not None and state.is_final():
+                return run
+            if state is None or state.type == StateType.SCHEDULED:  # Scheduled / Late: no worker took it
+                waited = time.monotonic() - waited_since
+                if waited >= unscheduled_timeout_s:
+                    message = (
+                        f"no worker of pool {pool} started {name} (child run {run.name}) within "
+                        f"{unscheduled_timeout_s:.0f} s (checks.unscheduled_timeout_s); is a worker of "
+                        f"{pool} running? (scripts/stack.sh workers)"
+                    )
+                    try:
+                        client.set_flow_run_state(child_id, Cancelled(message=message), force=True)
+                    except Exception as exc:  # noqa: BLE001 - the timeout is the error to report
+                        log.warning("cancelling child run %s failed: %s", run.name, exc)
+                    raise ChildNotStarted(None, message)
+            else:
+                waited_since = time.monotonic()  # taken by a worker: only a run back in Scheduled counts
+            time.sleep(poll_s)

@@ -1,0 +1,106 @@
+"""Where a film run may write its output, and what it may replace there.
+
+The deployment's ``out`` parameter can be set by anyone who reaches the Prefect API, so it is
+confined: the output path, fully resolved (``..`` and symlinks, before any check), must lie under an
+output root. The roots come from the host running the film flow, never from run parameters:
+``DUBFLOW_OUTPUT_ROOTS`` (paths separated by ``os.pathsep``) or, when unset, the source's folder and
+the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). A missing output folder under a
+root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it
+(the encode stamps the container's ``comment`` tag: its first word ``dubflow:<workspace key>``, then
+any label, e.g. the preview pass's, `output_comment`): a re-run of the same film and pass (one
+workspace) replaces its own output, anything else only with ``overwrite``; a file dubflow did not
+write is never replaced. No Prefect here: paths, environment and one ffmpeg header read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from tasks import ffmpeg
+from tasks.errors import OutputError
+
+log = logging.getLogger(__name__)
+
+ROOTS_ENV = "DUBFLOW_OUTPUT_ROOTS"
+TAG_PREFIX = "dubflow:"
+_COMMENT = re.compile(r"^\s*comment\s*:\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def out_dir() -> Path:
+    """The project's output folder: ``$DUBFLOW_OUT_DIR`` (default ``./out``), resolved."""
+    return Path(os.environ.get("DUBFLOW_OUT_DIR", "out")).expanduser().resolve()
+
+
+def output_roots(source: str | os.PathLike[str]) -> list[Path]:
+    """The folders outputs may go under (resolved): ``$DUBFLOW_OUTPUT_ROOTS``, else source folder + out/."""
+    configured = [p for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    if configured:
+        return [Path(p).expanduser().resolve() for p in configured]
+    return [Path(source).expanduser().resolve().parent, out_dir()]
+
+
+def output_tag(path: str | os.PathLike[str]) -> str | None:
+    """The ``dubflow:<key>`` stamp (the first word of the container's comment) of an existing media file,
+    or None (not written by dubflow / unreadable)."""
+    _, err = ffmpeg.run(["-i", str(path)], path=path, check=False)
+    container = err.split("Stream #", 1)[0]  # the container's metadata comes before the streams
+    for value in _COMMENT.findall(container):
+        if value.startswith(TAG_PREFIX):
+            return value.split()[0]
+    return None
+
+
+def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> Path:
+    """The resolved output path, after checking it is under an output root and not a foreign file.
+
+    Raises OutputError (one line naming the path) before any work is done.
+    """
+    resolved = Path(out).expanduser().resolve()
+    roots = output_roots(source)
+    if not any(resolved.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(r) for r in roots)
+        raise OutputError(
+            out,
+            f"resolves to {resolved}, outside the output roots ({allowed}); "
+            f"set {ROOTS_ENV} on the host running the film flow to allow another folder",
+        )
+    if not resolved.parent.is_dir():
+        if resolved.parent.exists():
+            raise OutputError(out, f"{resolved.parent} is not a folder")
+        log.info("creating the output folder %s (under the output root)", resolved.parent)
+        resolved.parent.mkdir(parents=True, exist_ok=True)
+    if resolved.exists():
+        if not resolved.is_file():
+            raise OutputError(out, "exists and is not a regular file")
+        if output_tag(resolved) is None:
+            raise OutputError(out, "exists and was not written by dubflow: refusing to overwrite it")
+    return resolved
+
+
+def check_overwrite(out: str | os.PathLike[str], key: str, overwrite: bool) -> None:
+    """An existing dubflow output is replaced only by a run of the same workspace, or with `overwrite`."""
+    path = Path(out)
+    if not path.exists():
+        return
+    tag = output_tag(path)
+    if tag is None:
+        raise OutputError(out, "exists and was not written by dubflow: refusing to overwrite it")
+    if tag != output_stamp(key) and not overwrite:
+        raise OutputError(
+            out,
+            f"exists (a dubflow output of another film or pass, {tag}); "
+            "pass --overwrite (flow parameter overwrite=true) to replace it",
+        )
+
+
+def output_stamp(key: str) -> str:
+    """The stamp an output of workspace `key` carries (the first word of its container comment)."""
+    return f"{TAG_PREFIX}{key}"
+
+
+def output_comment(key: str, label: str | None = None) -> str:
+    """The container ``comment`` of an output of workspace `key`: its stamp, then `label` if any."""
+    return f"{output_stamp(key)} {label}" if label else output_stamp(key)
