@@ -230,7 +230,8 @@ def test_two_gpu_workers_dub_groups_concurrently_with_one_model_load_each(dub_st
     assert pid_of[0] == pid_of[1] != pid_of[2] == pid_of[3], pid_of
     load = {s: r["timings_s"]["load"] for s, r in done.items()}
     for first, second in ((0, 1), (2, 3)):
-        assert load[first] >= 0.05 and load[second] < 0.01, load
+        # a reload takes >= 0.05 s (the first shot's); a lookup stays far below it even on a loaded box
+        assert load[first] >= 0.05 and load[second] < min(0.05, load[first] / 10), load
 
     # The film is assembled with the source's frame count, rate and size.
     o = probe(out)
