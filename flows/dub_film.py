@@ -269,7 +269,7 @@ def run_pipeline(
     plans = runner.call(plan_shots, shots, cfgd, name=name)
     records = shot_records(shots, plans, track)
     if plan:
-        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name)
+        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name, video=video)
     records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name)
     runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}

@@ -206,6 +206,8 @@ class GateConfig:
     policy: Literal["auto", "all", "none"]
     require_face: bool
     overrides: dict[str, Any]  # {shot index: dub | skip}
+    speakers: dict[str, Any]  # {shot index: face track id}: dub that track over the whole shot
+    crops: dict[str, Any]  # {shot index: [x0, y0, x1, y1]}: dub that box (display pixels)
 
 
 @dataclass(frozen=True)

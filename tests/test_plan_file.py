@@ -35,7 +35,7 @@ def _plan(tmp_path: Path, **override) -> Path:
         ({"sed": 3}, "shot 1: unknown override field 'sed' (known: dub, speaker,"),
         ({"dub": "maybe"}, "shot 1: dub must be auto, yes or no, got 'maybe'"),
         ({"steps": "many"}, "shot 1: steps must be int, got 'many'"),
-        ({"speaker": "B"}, "shot 1: override speaker is not applied yet"),
+        ({"speaker": "B"}, "shot 1: speaker must be int, got 'B'"),
         ({"denoise_strength": 1.5}, "shot 1: infinitetalk.denoise_strength: must be in (0, 1], got 1.5"),
     ],
 )
