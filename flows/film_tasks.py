@@ -40,7 +40,7 @@ from tasks.probe import VideoInfo, probe
 from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
-from tasks.timeline_export import film_timeline, write_timeline
+from tasks.timeline_export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,8 @@ def export_timeline(
     name: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
-    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes."""
+    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
+    `timeline.edl` / `timeline.fcp_xml` also `<out stem>.edl` / `.xml`."""
     cfg = PipelineConfig.from_dict(config)
     shots = [
         {
@@ -333,4 +334,7 @@ def export_timeline(
     )
     path = write_timeline(Path(out).with_suffix(".otio"), timeline)
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
+    formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
+    for extra in write_extra_timelines(Path(out), timeline, formats):
+        run_logger(log).info("edit-suite timeline %s", extra)
     return str(path)

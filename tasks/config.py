@@ -260,6 +260,14 @@ class EstimateConfig:
 
 
 @dataclass(frozen=True)
+class TimelineConfig:
+    """The edit-suite timeline next to each output (`tasks.timeline_export`): `<out>.otio` always, and these."""
+
+    edl: bool  # <out>.edl: a CMX 3600 EDL of the dubbed shots (an EDL holds one video track)
+    fcp_xml: bool  # <out>.xml: Final Cut Pro 7 XML with the source, dubbed and dub-audio tracks
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     probe: ProbeConfig
     shots: ShotsConfig
@@ -281,6 +289,7 @@ class PipelineConfig:
     qc: QcSettings
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig
+    timeline: TimelineConfig
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -50,7 +50,7 @@ RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned ti
 # shot's own entry by `shot_settings`, as the other per-shot gate maps are.
 PER_SHOT_GATE = ("overrides", "speakers", "crops")  # {shot index: value} maps of the gate section
 NON_PIXEL_CONFIG = (
-    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots",
+    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline",
     "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "pipeline",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
