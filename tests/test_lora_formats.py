@@ -60,34 +60,21 @@ def lora(dit):
     return low, diffs
 
 
-def _official(low, diffs) -> dict[str, torch.Tensor]:
-    out = {}
-    for path, (down, up, alpha, bias) in low.items():
-        p = f"diffusion_model.{path}"
-        out |= {
-            f"{p}.lora_down.weight": down,
-            f"{p}.lora_up.weight": up,
-            f"{p}.alpha": alpha,
-            f"{p}.diff_b": bias,
-        }
-    for (target, _, suffix), t in zip(DIFFS, diffs.values(), strict=True):
-        out[f"diffusion_model.{target.rsplit('.', 1)[0]}.{suffix}"] = t
-    return out
-
-
-def _diffusers(low, diffs, prefix: str) -> dict[str, torch.Tensor]:
-    names = dict(PAIRS)
+def _file(low, diffs, prefix: str, diffusers: bool) -> dict[str, torch.Tensor]:
+    """The LoRA's tensors in lightx2v naming (lora_down / lora_up / diff_b on official paths) or in diffusers
+    naming (lora_A / lora_B / lora_B.bias on diffusers paths) under `prefix`."""
+    names = dict(PAIRS) if diffusers else {path: path for path, _ in PAIRS}
+    down_k, up_k, bias_k = (
+        ("lora_A.weight", "lora_B.weight", "lora_B.bias")
+        if diffusers
+        else ("lora_down.weight", "lora_up.weight", "diff_b")
+    )
     out = {}
     for path, (down, up, alpha, bias) in low.items():
         p = prefix + names[path]
-        out |= {
-            f"{p}.lora_A.weight": down,
-            f"{p}.lora_B.weight": up,
-            f"{p}.alpha": alpha,
-            f"{p}.lora_B.bias": bias,
-        }
-    for (_, module, suffix), t in zip(DIFFS, diffs.values(), strict=True):
-        out[f"{prefix}{module}.{suffix}"] = t
+        out |= {f"{p}.{down_k}": down, f"{p}.{up_k}": up, f"{p}.alpha": alpha, f"{p}.{bias_k}": bias}
+    for (target, module, suffix), t in zip(DIFFS, diffs.values(), strict=True):
+        out[f"{prefix}{module if diffusers else target.rsplit('.', 1)[0]}.{suffix}"] = t
     return out
 
 
@@ -101,8 +88,8 @@ def _merged(dit, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torc
 @pytest.mark.parametrize("prefix", ["transformer.", "diffusion_model.", "base_model.model."])
 def test_diffusers_naming_merges_like_lightx2v_naming(dit, lora, tmp_path, prefix):
     low, diffs = lora
-    want = _merged(dit, _official(low, diffs), tmp_path / "lightx2v.safetensors")
-    got = _merged(dit, _diffusers(low, diffs, prefix), tmp_path / "diffusers.safetensors")
+    want = _merged(dit, _file(low, diffs, "diffusion_model.", False), tmp_path / "lightx2v.safetensors")
+    got = _merged(dit, _file(low, diffs, prefix, True), tmp_path / "diffusers.safetensors")
     before = dit.state_dict()
     changed = sorted(k for k in before if not torch.equal(before[k], want[k]))
     targets = [f"{p}.{leaf}" for p, _ in PAIRS for leaf in ("weight", "bias")] + [t for t, _, _ in DIFFS]

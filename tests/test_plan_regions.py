@@ -3,12 +3,9 @@ keyed per shot (only that shot re-renders), and bad values as one-line errors na
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flows.cli import main
 from tasks.config import load_config
@@ -18,10 +15,8 @@ from tasks.probe import probe
 from tasks.region import nearest_bucket
 from tasks.shot_decision import decide_shot, decision_regions
 from tasks.shot_key import shot_config, shot_settings
-from tests.media import make_audio, make_clip
 from tests.speaker_cases import SR, cases, encode, side_of
-
-SPANS = [{"index": i, "start_frame": 24 * i, "end_frame": 24 * (i + 1)} for i in range(3)]
+from tests.test_plan_file import SPANS, _plan, _renders, planned_clip
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +73,6 @@ def test_crop_override_dubs_that_box(two_up, tmp_path):
         _decide(two_up, tmp_path / "faces.json", f"gate.crops={{0: [0, 0, {w + 1}, 10]}}")
 
 
-def _plan(tmp_path: Path, **override) -> Path:
-    shot = {"index": 1, "start_frame": 24, "end_frame": 48, "override": {"dub": "auto", **override}}
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump({"format": "dubflow-shot-plan/1", "shots": [shot]}))
-    return path
-
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -122,11 +110,6 @@ def test_speaker_and_crop_enter_only_their_own_shots_settings():
     assert shot_settings(moved, 2) != shot_settings(edited, 2)
 
 
-def _renders(ws_root: Path) -> Counter:
-    (ws_dir,) = [p for p in ws_root.iterdir() if not p.name.startswith(".")]
-    return Counter(json.loads(line)["shot"] for line in (ws_dir / "attempts.jsonl").read_text().splitlines())
-
-
 def _edit(plan: Path, index: int, field: str, value: str) -> None:
     """A text edit of one shot's override field (the plan's comments stay)."""
     parts = plan.read_text().split("- index: ")
@@ -137,11 +120,7 @@ def _edit(plan: Path, index: int, field: str, value: str) -> None:
 def test_a_plan_speaker_or_crop_re_renders_only_its_shot(tmp_path: Path, capsys):
     from flows.dub_film import dub_film_inline
 
-    clip = make_clip(tmp_path / "scene.mp4", (24, 24, 24), audio_channels=None)
-    dub = make_audio(tmp_path / "dub.wav", probe(clip).video_duration_s)
-    out, ws_root, plan = tmp_path / "out.mp4", tmp_path / "ws", tmp_path / "plan.yaml"
-    sets = ["--set", "backend.name=passthrough", "--set", f"workspace.root={ws_root}"]
-    assert main(["plan", str(clip), "--audio", str(dub), "--out", str(plan), *sets]) == 0
+    clip, dub, out, ws_root, plan, _ = planned_clip(tmp_path)
     config = {"backend": {"name": "passthrough"}, "workspace": {"root": str(ws_root)}}
     dub_film_inline(str(clip), str(dub), str(out), config=config, plan=str(plan))
     assert sorted(_renders(ws_root).elements()) == [0, 1, 2]
