@@ -135,9 +135,24 @@ def _region_plan(n: int) -> RegionPlan:
 
 
 def test_pricing_a_two_speaker_shot_adds_the_multi_model_load():
+    """The estimate and the film run's group sizing price a two-speaker shot at one extra model load."""
+    from fractions import Fraction
+
+    from flows.dub_film import _shot_cost
+    from flows.groups import GpuCost
+    from tasks.plan import plan_shot
+    from tasks.shots import Shot
+
     assert switch_load_s([_two_region(10).to_dict()], 52.0) == 52.0
     one = dataclasses.replace(_two_region(10), status="speaker", people=())
     assert switch_load_s([one.to_dict()], 52.0) == 0.0
+    cfg = load_config()
+    cost = GpuCost.from_config(cfg)
+    plan = plan_shot(Shot(0, 0, 40), Fraction(25), cfg.plan).to_dict()
+    single, two = (
+        _shot_cost(cost, {"plan": plan, "decision": _decision(r).to_dict()}) for r in (one, _two_region(10))
+    )
+    assert single > 0 and two == pytest.approx(single + cost.model_load_s)
 
 
 # ------------------------------------------------------------------------------------- model routing
