@@ -82,6 +82,19 @@ def test_the_multi_checkpoint_is_an_optional_component_of_the_layout(roots, tmp_
     assert any("infinitetalk_multi_int8.json: missing" in p for p in quant)
 
 
+def test_weights_verify_cli_says_whether_two_speakers_can_be_generated(roots, capsys):
+    from flows.cli import main
+
+    assert main(["weights", "verify", str(roots["multi"]), "--multi"]) == 0
+    assert "multi-person checkpoint present" in capsys.readouterr().out
+    assert main(["weights", "verify", str(roots["single"])]) == 0
+    assert (
+        "no multi-person checkpoint: two-speaker segments dub the louder speaker" in capsys.readouterr().out
+    )
+    assert main(["weights", "verify", str(roots["single"]), "--multi"]) == 1
+    assert "multi/infinitetalk.safetensors: missing" in capsys.readouterr().out
+
+
 def test_download_fetches_the_multi_files_only_when_asked(tmp_path, monkeypatch):
     import huggingface_hub
 
