@@ -6,11 +6,13 @@ own routing (`model.dit`) then sends each stem to the tokens of its person. With
 the segment is dubbed as the louder person's one-speaker region, with the reason saying so.
 
 How a shot is generated: the whole shot runs two-speaker once it holds a two-speaker segment (the person
-masks and both stems for every chunk: outside the overlap one stem is silent, so that face is driven by
-silence, as in the official multi-person run), so a shot needs one DiT. The resident holder keeps one
-model set at a time (`resident.ResidentModels`, keyed by the LoadSpec whose `multi` flag picks the DiT
-file): a two-speaker shot loads the multi DiT on demand, dropping the single one, and the next
-one-speaker shot loads the single one again (one model load per switch; the estimate prices it).
+masks and both stems for every chunk; outside the overlap one stem is silent, so that face is driven by
+silence). That is the official `audio_type: para`, each stem loudness-normalised on its own as the official
+prepares each person's track (the film's stems are already aligned in time, so `add` never applies). So a
+shot needs one DiT, and the resident holder keeps one DiT at a time (`resident.ResidentModels`: the
+LoadSpec's `multi` flag picks the DiT file and is not part of its key): a two-speaker shot loads the multi
+DiT on demand in place of the single one (VAE, CLIP and the encoders stay), the next one-speaker shot
+loads the single one back. One model load per switch, which the estimate and the group sizing price.
 
 This file holds those rules only: no chunk loop (`session`, `chunk`), no gate (`tasks.gate` and c18's
 characters decide when a segment has two speakers), no model code.
