@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from model.tiny import write_tiny_root
 from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
 from tasks.backend import ShotDecision
 from tasks.config import load_config
+from tasks.errors import MediaError
 from tasks.gate import DubRegion
 from tasks.infinitetalk import InfiniteTalkBackend
 from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, switch_load_s, two_speakers
@@ -131,16 +133,36 @@ def test_the_loader_reads_the_multi_file_when_asked(roots):
 def test_without_the_multi_checkpoint_the_louder_person_is_dubbed():
     cfg = load_config()
     region = dataclasses.replace(_two_region(40, louder=9), plan=_region_plan(40))
-    d = resolve_two_speakers(_decision(region), False, cfg)
+    d = resolve_two_speakers(_decision(region), lambda: False, cfg)
     assert d.reason == f"speech 90%; two speakers; {MISSING} (track 9, bob)"
     (got,) = [DubRegion.from_dict(r) for r in d.details["regions"]]
     assert (got.speaker, got.status, got.people) == (9, "speaker", ())
     x0, _, x1, _ = got.plan.box  # re-planned around bob's face, on the right
     assert x0 >= LEFT[2] - 40 and x1 > RIGHT[0]
-    assert resolve_two_speakers(d, False, cfg) == d  # idempotent
+    assert resolve_two_speakers(d, lambda: False, cfg) == d  # idempotent
     assert two_speakers(d) is None
-    kept = resolve_two_speakers(_decision(region), True, cfg)
+    kept = resolve_two_speakers(_decision(region), lambda: True, cfg)
     assert kept.reason == "speech 90%; two speakers" and two_speakers(kept).people == region.people
+
+
+def test_a_missing_stem_is_one_clear_error():
+    context = SimpleNamespace(stems={"alice": Path("alice.wav")}, dialogue=SimpleNamespace(path="dub.wav"))
+    with pytest.raises(
+        MediaError, match=r"dub.wav: two-speaker segment needs the stem 'bob' \(track 9, bob\)"
+    ):
+        TwoSpeakers(_two_region(9)).stem_paths(context)
+
+
+def test_one_pair_of_people_per_shot():
+    """A second two-speaker segment of another pair is dubbed as its louder person; the longer one stays."""
+    long, short = _two_region(40), dataclasses.replace(_two_region(10), start_frame=40, end_frame=50)
+    other = dataclasses.replace(
+        short, people=(short.people[0], {**short.people[1], "stem": "carol", "track": 3})
+    )
+    d = resolve_two_speakers(_decision(long, other), lambda: True, load_config())
+    assert [r.status for r in map(DubRegion.from_dict, d.details["regions"])] == ["two", "speaker"]
+    assert d.reason.endswith("two speakers: another pair in this shot, dubbing the louder (track 7, alice)")
+    assert two_speakers(d).region == long
 
 
 def _region_plan(n: int) -> RegionPlan:

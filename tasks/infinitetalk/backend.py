@@ -190,7 +190,7 @@ class InfiniteTalkBackend:
             plan.shot_index, plan.start_frame, plan.end_frame, context.video, shot_audio, sample_rate,
             context.config, cache, planned=True,
         )  # fmt: skip
-        d = resolve_two_speakers(d, self.multi_available(), context.config)  # multi missing: the louder
+        d = resolve_two_speakers(d, self.multi_available, context.config)  # multi missing: the louder
         if d.dub and self.tiny:
             d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
         self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)
@@ -213,5 +213,5 @@ class InfiniteTalkBackend:
         check_plan_agreement(plan)
         if decision is None:
             decision = self.prepare_shot(plan, geometry, shot_audio, sample_rate, context)
-        decision = resolve_two_speakers(decision, self.multi_available(), context.config)  # a kept decision
+        decision = resolve_two_speakers(decision, self.multi_available, context.config)  # a kept decision
         return InfiniteTalkSession(self, plan, geometry, decision, context, resume_state)

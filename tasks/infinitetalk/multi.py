@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,15 +73,18 @@ def as_louder(region: DubRegion, cfg: PipelineConfig) -> DubRegion:
     return dataclasses.replace(region, speaker=int(person["track"]), status="speaker", plan=plan, people=())
 
 
-def resolve_two_speakers(decision: ShotDecision, multi_available: bool, cfg: PipelineConfig) -> ShotDecision:
+def resolve_two_speakers(
+    decision: ShotDecision, multi_available: Callable[[], bool], cfg: PipelineConfig
+) -> ShotDecision:
     """The decision the backend generates: two-speaker segments kept when the multi checkpoint is there
-    (one pair of people per shot: the longest segment's; segments of another pair dub their louder person),
-    otherwise each one dubbed as its louder person's one-speaker region. Idempotent; the reason says why."""
+    (`multi_available()`, asked only for a shot with such a segment; one pair of people per shot: the
+    longest segment's, segments of another pair dub their louder person), otherwise each one dubbed as its
+    louder person's one-speaker region. Idempotent; the reason says why."""
     regions = decision_regions(decision)
     two = [r for r in regions if is_two(r)]
     if not two:
         return decision
-    keep = max(two, key=lambda r: r.end_frame - r.start_frame) if multi_available else None
+    keep = max(two, key=lambda r: r.end_frame - r.start_frame) if multi_available() else None
     pair = None if keep is None else sorted(str(p["stem"]) for p in keep.people)
     out, notes = [], []
     for r in regions:
