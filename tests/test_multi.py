@@ -283,13 +283,17 @@ class StemBackend(InfiniteTalkBackend):
         return super().open_shot(*args, context=dataclasses.replace(context, stems=self.stems), **kwargs)
 
 
-def _two_speaker_job(tmp: Path, ws: Path, weights: Path, name: str) -> tuple[ShotJob, dict[str, Path]]:
-    index = 2  # 12 frames: one short chunk
+def _two_speaker_job(
+    tmp: Path, ws: Path, weights: Path, name: str, kept: bool
+) -> tuple[ShotJob, dict[str, Path]]:
+    """Shot 2 (12 frames: one short chunk) with stems for alice and bob; `kept`: the gate's two-speaker
+    decision already kept with the shot's checkpoints (else the gate takes it)."""
+    index = 2
     job = _job(tmp, ws, index, SHOTS[index], [f"infinitetalk.weights={weights}"], name)
-    n = SHOTS[index][1] - SHOTS[index][0]
-    seg = Path(job.out_path).with_name(Path(job.out_path).stem + ".chunks")
-    seg.mkdir(parents=True, exist_ok=True)
-    write_marker(seg / "decision.json", _decision(_two_region(n)).to_dict())  # the gate's two-speaker call
+    if kept:
+        seg = Path(job.out_path).with_name(Path(job.out_path).stem + ".chunks")
+        seg.mkdir(parents=True, exist_ok=True)
+        write_marker(seg / "decision.json", _decision(_two_region(12)).to_dict())
     wave, sr = sf.read(job.dialogue["path"], dtype="float32")
     stems = {"alice": tmp / "alice.wav", "bob": tmp / "bob.wav"}
     sf.write(stems["alice"], wave, sr)
@@ -314,7 +318,7 @@ def _dit_calls(dit) -> list[dict]:
 
 
 def _render(tmp: Path, ws: Path, weights: Path, name: str, *, multi: bool) -> tuple[dict, list[dict], Any]:
-    job, stems = _two_speaker_job(tmp, ws, weights, name)
+    job, stems = _two_speaker_job(tmp, ws, weights, name, kept=multi)
     cfg = load_config(overrides=["backend.name=infinitetalk", f"infinitetalk.weights={weights}"])
     backend = StemBackend({}, config=cfg)
     backend.stems = stems
@@ -322,7 +326,13 @@ def _render(tmp: Path, ws: Path, weights: Path, name: str, *, multi: bool) -> tu
     return render_shot_result(job, backend=backend), calls, backend
 
 
-def test_a_two_speaker_shot_renders_on_the_tiny_multi_checkpoint(tmp_path, ws_root, resident, roots):  # noqa: F811
+def test_a_two_speaker_shot_renders_on_the_tiny_multi_checkpoint(
+    tmp_path,
+    ws_root,  # noqa: F811 (the fixture of tests.test_infinitetalk)
+    resident,  # noqa: F811
+    roots,
+    monkeypatch,
+):
     """The product's per-shot path with the gate's two-speaker decision: the multi DiT, two audio slots in
     the people's order (alice's stem = the dialogue's samples, bob's another voice), the person masks."""
     result, calls, backend = _render(tmp_path, ws_root, roots["multi"], "two", multi=True)
@@ -331,17 +341,21 @@ def test_a_two_speaker_shot_renders_on_the_tiny_multi_checkpoint(tmp_path, ws_ro
     assert resident.loads["dit"] == 1  # the multi DiT loaded once (before the shot), used by the shot
     two = [c for c in calls if c["audio"].shape[0] == 2]
     assert two, "no two-speaker DiT call"
-    n = SHOTS[2][1] - SHOTS[2][0]
     assert torch.equal(
-        two[0]["masks"], TwoSpeakers(_two_region(n)).masks(_full_plan(n), DISPLAY_HW, (32, 64))
+        two[0]["masks"], TwoSpeakers(_two_region(12)).masks(_full_plan(12), DISPLAY_HW, (32, 64))
     )
     # the resident holder: one DiT at a time, the other components stay
     assert backend.models("vae")["vae"] is backend.models("vae", multi=True)["vae"]
     single = backend.models("dit")["dit"]  # a one-speaker shot next: the single DiT replaces the multi one
     assert resident.loads["dit"] == 2 and single is backend.models("dit")["dit"]
 
-    # without the multi checkpoint: one speaker, the louder (alice, track 7), on the dialogue's features
+    # without the multi checkpoint: one speaker, the louder (alice, track 7), on the dialogue's features; the
+    # gate's call (c18's, stood in for by the contract's hand-built decision) gets the fallback's reason
+    import tasks.infinitetalk.backend as it_backend
+
+    monkeypatch.setattr(it_backend, "decide_shot", lambda *a, **k: _decision(_two_region(12)))
     fallback, one_calls, _ = _render(tmp_path, ws_root, roots["single"], "one", multi=False)
     assert fallback["dubbed"] and one_calls and all(c["audio"].shape[0] == 1 for c in one_calls)
+    assert fallback["reason"].endswith(f"{MISSING} (track 7, alice)"), fallback["reason"]
     alice, bob = two[0]["audio"]
     assert torch.equal(alice, one_calls[0]["audio"][0]) and not torch.equal(bob, alice)
