@@ -31,7 +31,7 @@ class DubRegion:
     end_frame: int
     speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
     score: float
-    status: str  # speaker | uncertain | forced
+    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
     plan: RegionPlan
     people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
 
