@@ -356,12 +356,13 @@ def run_pipeline(
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
     """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
+    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
+
     decision = record.get("decision")
-    return (
-        0.0
-        if decision is not None and not decision["dub"]
-        else cost.shot_s(ShotPlan.from_dict(record["plan"]))
-    )
+    if decision is not None and not decision["dub"]:
+        return 0.0
+    regions = ((decision or {}).get("details") or {}).get("regions") or []  # two speakers: the multi DiT load
+    return cost.shot_s(ShotPlan.from_dict(record["plan"])) + switch_load_s(regions, cost.model_load_s)
 
 
 # ---------------------------------------------------------------------------------------- entries

@@ -31,18 +31,19 @@ class DubRegion:
     end_frame: int
     speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
     score: float
-    status: str  # speaker | uncertain | forced
+    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
     plan: RegionPlan
+    people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plan": self.plan.to_dict()}
+        return {**asdict(self), "plan": self.plan.to_dict(), "people": list(self.people)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DubRegion:
         spk = d.get("speaker")
         plan = RegionPlan.from_dict(d["plan"])
         return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
-                   float(d["score"]), str(d["status"]), plan)  # fmt: skip
+                   float(d["score"]), str(d["status"]), plan, tuple(d.get("people") or ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
