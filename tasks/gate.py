@@ -10,7 +10,7 @@ Must not decode media nor run models: it reads the speech verdict and the shot's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,16 +33,17 @@ class DubRegion:
     score: float
     status: str  # speaker | uncertain | forced
     plan: RegionPlan
+    people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plan": self.plan.to_dict()}
+        return {**asdict(self), "plan": self.plan.to_dict(), "people": list(self.people)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DubRegion:
         spk = d.get("speaker")
         plan = RegionPlan.from_dict(d["plan"])
         return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
-                   float(d["score"]), str(d["status"]), plan)  # fmt: skip
+                   float(d["score"]), str(d["status"]), plan, tuple(d.get("people") or ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -146,12 +147,17 @@ def decide_dub(
     require_face: bool = True,
     uncertain: str = "most_likely",
     min_score: float = 0.0,
+    turns: Sequence[tuple] | None = None,
+    why_not: str = "",
+    names: Mapping[str, str] | None = None,
 ) -> Decision:
     """Decide whether and where to dub one shot.
 
     Order: a per-shot override wins; then policy "all" / "none"; then "auto": the dub track must speak,
     then someone on screen must say the source's lines (``require_face=False`` lets full-frame mode dub
     speech shots without a face).  ``faces`` may be None only when the decision cannot depend on it.
+    ``turns`` (per-character stems, `tasks.stems`): replace the face analysis's speaker turns; ``why_not``
+    then says why a shot with no dubbed turn is passed through.  ``names``: {track id (str): character}.
     """
     if policy not in POLICIES:
         raise ValueError(f"dub policy must be one of {POLICIES}, got {policy!r}")
@@ -167,19 +173,29 @@ def decide_dub(
         )
     if faces is None:
         raise ValueError(f"shot {shot_index}: the decision needs the shot's face analysis")
-    turns = speaker_turns(faces, uncertain, min_score)
-    regions = tuple(_region(faces, a, b, t, sc, st, region) for a, b, t, sc, st in turns if t is not None)
+    turns = speaker_turns(faces, uncertain, min_score) if turns is None else turns
+    regions = tuple(
+        _region(faces, a, b, t, sc, st, region, tuple(more[0]) if more else ())
+        for a, b, t, sc, st, *more in turns
+        if t is not None
+    )
     if forced is not None:
         return Decision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
     pct = f"speech {speech.speech_ratio:.0%}"
     if regions:
-        who = " -> ".join(f"track {r.speaker}" for r in regions)
-        sure = all(r.status == "speaker" for r in regions)
+        who = " -> ".join(_who(r, names or {}) for r in regions)
+        sure = all(r.status in ("speaker", "two") for r in regions)
         tag = "speaker" if sure else f"speaker uncertain, {uncertain.replace('_', ' ')}"
         return Decision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
     if region.mode == "full" and not require_face:
         return Decision(True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),))
-    return Decision(False, _why_not(faces, turns))
+    return Decision(False, why_not or _why_not(faces, turns))
+
+
+def _who(r: DubRegion, names: Mapping[str, str]) -> str:
+    """ "track 0 (ANNA)", or both people of a two-speaker region joined by "+"."""
+    tracks = [p["track"] for p in r.people] or [r.speaker]
+    return " + ".join(f"track {k}" + (f" ({names[str(k)]})" if str(k) in names else "") for k in tracks)
 
 
 def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
@@ -190,12 +206,24 @@ def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
 
 
 def _region(
-    faces: ShotFaces, start: int, end: int, track: int | None, score: float, status: str, cfg: RegionConfig
+    faces: ShotFaces,
+    start: int,
+    end: int,
+    track: int | None,
+    score: float,
+    status: str,
+    cfg: RegionConfig,
+    people: tuple[dict[str, Any], ...] = (),
 ) -> DubRegion:
-    """The dub box of frames [start, end) around ``track`` (tasks.region geometry, display pixels)."""
+    """The dub box of frames [start, end) around ``track`` (tasks.region geometry, display pixels); a
+    two-speaker region's box holds every person's box (`people`)."""
     samples: list[tuple[int, Box]] = []
     n_samples = len(range(0, end - start, max(1, faces.step_frames)))
-    if track is not None:
+    if people:
+        b = [p["box"] for p in people]
+        both = (min(x[0] for x in b), min(x[1] for x in b), max(x[2] for x in b), max(x[3] for x in b))
+        samples, n_samples = [(0, both), (max(0, end - start - 1), both)], 2
+    elif track is not None:
         tr = faces.track(track)
         samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
         n_samples = max(1, len(samples))
@@ -203,7 +231,7 @@ def _region(
     if track is None and cfg.mode != "full":
         box, bucket = full_frame_box(faces.display_hw, cfg.size)
         plan = RegionPlan("full", box, bucket, False, 0, "no face: full frame", faces.display_hw, end - start)
-    return DubRegion(start, end, track, round(score, 3), status, plan)
+    return DubRegion(start, end, track, round(score, 3), status, plan, people)
 
 
 __all__ = [

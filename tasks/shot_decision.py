@@ -29,7 +29,8 @@ from tasks.gate import DubRegion, decide_dub, parse_overrides
 from tasks.probe import VideoInfo
 from tasks.region import RegionConfig
 from tasks.shot_key import faces_key
-from tasks.speech import detect_speech
+from tasks.speech import SpeechInfo, detect_speech
+from tasks.stems import cast_turns
 from tasks.vad import at_frames, resample_to_vad, speech_probs
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def shot_faces(
     return analyse_shot(info, start, end, probs, cfg.speaker, source_audio=source_audio)
 
 
-def decide_shot(
+def needed_faces(
     shot_index: int,
     start: int,
     end: int,
@@ -109,10 +110,9 @@ def decide_shot(
     cache: Path | None = None,
     *,
     planned: bool = False,
-) -> ShotDecision:
-    """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
-    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
-    ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
+) -> tuple[SpeechInfo, ShotFaces | None]:
+    """The dub slice's speech and, when the shot's outcome can depend on it, its face analysis (read from /
+    written to ``cache``; see `decide_shot`)."""
     mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
     speech = detect_speech(mono, sample_rate, cfg.speaker)
     faces = None
@@ -130,10 +130,33 @@ def decide_shot(
                 _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
     elif cfg.region.mode == "full":
         faces = _no_faces(info, start, end)
+    return speech, faces
+
+
+def decide_shot(
+    shot_index: int,
+    start: int,
+    end: int,
+    info: VideoInfo,
+    audio: np.ndarray,
+    sample_rate: int,
+    cfg: PipelineConfig,
+    cache: Path | None = None,
+    *,
+    planned: bool = False,
+) -> ShotDecision:
+    """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
+    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
+    ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
+    speech, faces = needed_faces(
+        shot_index, start, end, info, audio, sample_rate, cfg, cache, planned=planned
+    )
+    turns, why_not, names = cast_turns(faces, cfg)  # per-character stems / undubbed characters (tasks.stems)
     try:
         d = decide_dub(
             shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
             require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
+            turns=turns, why_not=why_not, names=names,
         )  # fmt: skip
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
@@ -141,6 +164,7 @@ def decide_shot(
         "speech": speech.to_dict(),
         "regions": [r.to_dict() for r in d.regions],
         "faces": None if faces is None else faces.to_dict(),
+        "characters": names,
     }
     return ShotDecision(d.dub, d.reason, details)
 
@@ -151,7 +175,9 @@ def decision_regions(decision: ShotDecision) -> list[DubRegion]:
 
 
 def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
-    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score."""
+    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
+    the speaker's character (None when unknown) and, for a two-speaker region, its people."""
+    names = decision.details.get("characters") or {}
     out = []
     for r in decision_regions(decision) if decision.dub else []:
         out.append(
@@ -162,6 +188,8 @@ def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]
                 "speaker": r.speaker,
                 "score": r.score,
                 "status": r.status,
+                "character": names.get(str(r.speaker)),
+                **({"people": [dict(p) for p in r.people]} if r.people else {}),
             }  # fmt: skip
         )
     return out
@@ -175,4 +203,12 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["decide_shot", "decision_regions", "faces_path", "region_config", "regions_json", "shot_faces"]
+__all__ = [
+    "decide_shot",
+    "decision_regions",
+    "faces_path",
+    "needed_faces",
+    "region_config",
+    "regions_json",
+    "shot_faces",
+]

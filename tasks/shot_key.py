@@ -46,10 +46,12 @@ RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned ti
 # injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
 # and block offload give bit-identical outputs, profiling only adds device syncs, the overlapped chunk
 # pipeline (`pipeline`) writes the same bytes as the sequential loop. `gate.overrides` is reduced to the
-# shot's own entry by `shot_settings`.
+# shot's own entry by `shot_settings`. Of `cast`, what links and names characters reaches a shot only through
+# its `cast.shot` (its tracks' characters and stems' speech, filled by the planning), which stays.
 NON_PIXEL_CONFIG = (
     "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots",
     "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "pipeline",
+    "cast.characters", "cast.names", "cast.identify", "cast.link_distance", "cast.link_votes", "cast.samples",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
 GATE_ONLY_SPEAKER = (
@@ -211,14 +213,19 @@ def shot_inputs(
     track: DialogueTrack,
     config: Mapping[str, Any],
     context_s: float | None,
+    stems: Mapping[str, DialogueTrack] | None = None,
 ) -> ShotInputs:
-    """The `ShotInputs` of one shot; `config` is the shot's effective config (`shot_config`)."""
+    """The `ShotInputs` of one shot; `config` is the shot's effective config (`shot_config`); ``stems``:
+    the per-character dub stems (same rate and length as ``track``), hashed over the same span."""
     span = conditioning_span(plan, audio_range, track, context_s)
+    audio = audio_identity(track, span)
+    if stems:
+        audio["stems"] = {name: audio_identity(stems[name], span) for name in sorted(stems)}
     return ShotInputs(
         render_version=RENDER_VERSION,
         film=film_fingerprint,
         plan=dict(plan),
-        audio=audio_identity(track, span),
+        audio=audio,
         settings=shot_settings(config, int(plan["shot_index"])),
         weights=weights_identity(config),
     )
