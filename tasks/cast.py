@@ -183,6 +183,7 @@ def plan_cast(
     """Characters of the film's shots ``[(index, start_frame, end_frame)]`` and each shot's `cast.shot`;
     ``faces_of(index)``: that shot's face analysis (None: not needed) and its cache file; ``stem_runs``:
     {NAME: `tasks.stems.stem_speech` of that stem}."""
+    refs = references(cfg)  # the stills first: a bad one fails before any face analysis
     tracks: list[TrackFaces] = []
     for index, start, end in shots:
         faces, cache = faces_of(index)
@@ -193,7 +194,7 @@ def plan_cast(
             if tr.id in emb:
                 tracks.append(TrackFaces(index, tr.id, tr.start_frame, tr.end_frame, emb[tr.id]))
     chars = link_characters(
-        tracks, references(cfg), link_distance=cfg.cast.link_distance, link_votes=cfg.cast.link_votes
+        tracks, refs, link_distance=cfg.cast.link_distance, link_votes=cfg.cast.link_votes
     )
     per_shot = shot_characters(chars, cfg.cast.names)
     out: dict[int, dict[str, Any]] = {}

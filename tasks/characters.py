@@ -2,7 +2,7 @@
 
 Holds `TrackFaces` (one face track's identity samples: 128-D embeddings of a few of its faces, with the
 shot and frames it spans), `sample_votes` (each sample of a track votes for the character holding its
-nearest sample, if that one is closer than ``link_distance``) and `link_characters`, a greedy pass over
+nearest sample, if that one is closer than ``link_distance``; near-ties vote for both) and `link_characters`, a greedy pass over
 the tracks in film order: a track joins the character that gets at least ``link_votes`` of its samples'
 votes and is not on screen at the same time in the same shot; otherwise it starts a new character
 (automatic ids c1, c2, ... in order of first appearance).  Named references (embeddings of a cast's
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+TIE = 0.05  # embedding distances this close to a sample's nearest one count as equally near
 
 
 @dataclass(frozen=True)
@@ -52,24 +54,23 @@ class Character:
         return {"id": self.id, "name": self.name, "tracks": [list(t) for t in self.tracks]}
 
 
-def sample_votes(samples: np.ndarray, characters: Sequence[Character], distance: float) -> np.ndarray:
-    """(len(characters),) share of ``samples`` whose nearest sample of all characters lies in that
-    character and closer than ``distance``."""
+def sample_votes(
+    samples: np.ndarray, characters: Sequence[Character], distance: float, tie: float = TIE
+) -> np.ndarray:
+    """(len(characters),) share of ``samples`` voting for each character: a sample votes for the character
+    holding its nearest sample if that one is closer than ``distance`` (and for every character within
+    ``tie`` of that nearest one, so one person split over two characters does not split the vote)."""
     out = np.zeros(len(characters))
     if len(samples) == 0 or not characters:
         return out
-    best = np.full(len(samples), np.inf)
-    owner = np.full(len(samples), -1)
+    d = np.full((len(characters), len(samples)), np.inf)
     for k, ch in enumerate(characters):
         members = ch.members()
-        if len(members) == 0:
-            continue
-        d = np.linalg.norm(samples[:, None, :] - members[None, :, :], axis=2).min(axis=1)  # (n,)
-        closer = d < best
-        best[closer], owner[closer] = d[closer], k
-    for k in owner[best < distance]:
-        out[k] += 1
-    return out / len(samples)
+        if len(members):
+            d[k] = np.linalg.norm(samples[:, None, :] - members[None, :, :], axis=2).min(axis=1)
+    nearest = d.min(axis=0)  # (n,)
+    votes = (d < distance) & (d <= nearest[None, :] + tie)
+    return votes.sum(axis=1) / len(samples)
 
 
 def link_characters(
@@ -86,7 +87,7 @@ def link_characters(
         emb = np.asarray(tr.embeddings, np.float64).reshape(-1, 128)
         free = [c for c in chars if not c.on_screen(tr.shot, tr.start_frame, tr.end_frame)]
         votes = sample_votes(emb, free, link_distance)
-        k = int(np.argmax(votes)) if len(votes) else -1
+        k = int(np.argmax(votes)) if len(votes) else -1  # ties: the first (references, then the oldest)
         if k >= 0 and votes[k] >= link_votes:
             ch = free[k]
         else:

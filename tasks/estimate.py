@@ -243,10 +243,17 @@ def _check(value: Any, section: str, key: str) -> float:
 
 
 def estimate_film(
-    source: str | Path, audio: str | Path, cfg: PipelineConfig, stems: dict[str, str] | None = None
+    source: str | Path,
+    audio: str | Path,
+    cfg: PipelineConfig,
+    stems: dict[str, str] | None = None,
+    *,
+    work_dir: str | Path | None = None,
 ) -> FilmEstimate:
     """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio` (and the
-    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.cast`)."""
+    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.cast`).  When
+    characters are linked, the face analyses and embeddings are kept under ``work_dir`` (default: a
+    temporary folder), where a later estimate finds them."""
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
     from tasks.cast import cast_active  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
@@ -267,7 +274,8 @@ def estimate_film(
     edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
     bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
 
-    with tempfile.TemporaryDirectory(prefix="dubflow-estimate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dubflow-estimate-") as scratch:
+        tmp = str(work_dir or scratch)
         spans = [(s.index, s.start_frame, s.end_frame, ab) for s, ab in zip(shots.shots, bounds, strict=True)]
         cast = _cast(info, spans, samples, mono, cfg, tmp) if cast_active(cfg, stems) else None
         out = _decide(info, shots.shots, plans, bounds, samples, cfg, price, cast, tmp)

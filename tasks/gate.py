@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.face_analysis import ShotFaces
-from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_track
+from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_track, snap_box_size
 from tasks.speech import SpeechInfo
 
 POLICIES = ("auto", "all", "none")
@@ -31,7 +31,7 @@ class DubRegion:
     end_frame: int
     speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
     score: float
-    status: str  # speaker | uncertain | forced
+    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
     plan: RegionPlan
     people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
 
@@ -205,6 +205,24 @@ def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
     return _region(faces, 0, faces.num_frames, track, 0.0, status, cfg)
 
 
+def _holding(boxes: list[Box], frame_hw: tuple[int, int], num_frames: int, cfg: RegionConfig) -> RegionPlan:
+    """A two-speaker region's plan: the smallest bucket-aspect box holding every face box with a margin,
+    static; the full-frame box when that does not fit in the frame."""
+    x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    both = (int(x0), int(y0), int(x1), int(y1))
+    (h, w), bucket = snap_box_size(1.4 * (y1 - y0), 1.15 * (x1 - x0), frame_hw, cfg.size)
+    if cfg.mode == "full" or h < y1 - y0 or w < x1 - x0:
+        box, bucket = full_frame_box(frame_hw, cfg.size)
+        why = "two speakers: full frame"
+        return RegionPlan("full", box, bucket, True, len(boxes), why, frame_hw, num_frames, face_box=both)
+    bx = min(max(round((x0 + x1 - w) / 2), 0), frame_hw[1] - w)
+    by = min(max(round((y0 + y1 - h) / 2), 0), frame_hw[0] - h)
+    why = "two speakers: a box holding both faces"
+    return RegionPlan("region", (bx, by, bx + w, by + h), bucket, True, len(boxes), why, frame_hw, num_frames,
+                      face_box=both)  # fmt: skip
+
+
 def _region(
     faces: ShotFaces,
     start: int,
@@ -220,10 +238,9 @@ def _region(
     samples: list[tuple[int, Box]] = []
     n_samples = len(range(0, end - start, max(1, faces.step_frames)))
     if people:
-        b = [p["box"] for p in people]
-        both = (min(x[0] for x in b), min(x[1] for x in b), max(x[2] for x in b), max(x[3] for x in b))
-        samples, n_samples = [(0, both), (max(0, end - start - 1), both)], 2
-    elif track is not None:
+        plan = _holding([p["box"] for p in people], faces.display_hw, end - start, cfg)
+        return DubRegion(start, end, track, round(score, 3), status, plan, people)
+    if track is not None:
         tr = faces.track(track)
         samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
         n_samples = max(1, len(samples))
