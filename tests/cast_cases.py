@@ -81,6 +81,12 @@ def write_film(root: Path) -> dict[str, Path]:
     for name, samples in stems.items():
         out[name] = root / f"{name.lower()}.wav"
         sf.write(out[name], samples, SR, subtype="FLOAT")
+    return {**out, **stills(root)}
+
+
+def stills(root: Path) -> dict[str, Path]:
+    """{"ANNA_still", "BEN_still": a frame of their seed as PNG} under ``root``."""
+    out = {}
     for name, seed in (("ANNA", 2), ("BEN", 3)):
         out[f"{name}_still"] = root / f"{name.lower()}.png"
         cv2.imwrite(
@@ -89,4 +95,22 @@ def write_film(root: Path) -> dict[str, Path]:
     return out
 
 
-__all__ = ["HALF", "N", "film", "write_film"]
+def write_short_film(root: Path, frames: int = 40) -> dict[str, Path]:
+    """Shots 0 and 2 of the film, ``frames`` long each (ANNA, then both at once), with their stems."""
+    import soundfile as sf  # noqa: PLC0415
+
+    full, stems = film()
+    keep = np.r_[0:frames, 2 * N : 2 * N + frames]
+    per = round(N / FPS * SR)
+    cut = round(frames / FPS * SR)
+    stems = {k: np.concatenate([v[:cut], v[2 * per : 2 * per + cut]]) for k, v in stems.items()}
+    mix = (stems["ANNA"] + stems["BEN"]).astype(np.float32)
+    out = {"film": encode(root / "short_film.mp4", full[keep], mix), "mix": root / "short_mix.wav"}
+    sf.write(out["mix"], mix, SR, subtype="FLOAT")
+    for name, samples in stems.items():
+        out[name] = root / f"short_{name.lower()}.wav"
+        sf.write(out[name], samples, SR, subtype="FLOAT")
+    return {**out, **stills(root)}
+
+
+__all__ = ["HALF", "N", "film", "write_film", "write_short_film"]
