@@ -150,14 +150,9 @@ def load_stems(
 
 @task(task_run_name="characters {name}")
 def plan_characters(
-    video: dict[str, Any],
-    records: list[dict[str, Any]],
-    dialogue: dict[str, Any],
-    stems: dict[str, dict[str, Any]],
-    config: dict[str, Any],
-    work_dir: str,
-    name: str = "",
-) -> dict[str, Any]:
+    video: dict[str, Any], records: list[dict[str, Any]], dialogue: dict[str, Any],
+    stems: dict[str, dict[str, Any]], config: dict[str, Any], work_dir: str, name: str = "",
+) -> dict[str, Any]:  # fmt: skip
     """The film's characters and each shot's `cast.shot` (`tasks.cast.film_cast`: the planning's face
     analyses and per-track embeddings, cached in the run workspace, then each stem's speech); the
     characters are also written to ``characters.json`` in the workspace."""

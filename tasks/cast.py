@@ -41,12 +41,12 @@ AUTO_ID = "c"  # automatic character ids: c1, c2, ...
 def read_cast_file(path: str | Path) -> dict[str, Any]:
     """The `cast:` updates of a cast file (relative still paths resolved against the file's folder)."""
     p = Path(path)
+    if not p.is_file():
+        raise ConfigError(p, "cast file not found")
     try:
         data = yaml.safe_load(p.read_text())
-    except OSError as ex:
-        raise ConfigError(p, f"cannot read the cast file ({ex.strerror or ex})") from ex
-    except yaml.YAMLError as ex:
-        raise ConfigError(p, f"invalid YAML: {' '.join(str(ex).split())}") from ex
+    except (OSError, yaml.YAMLError) as ex:
+        raise ConfigError(p, f"cannot read the cast file: {' '.join(str(ex).split())}") from ex
     if not isinstance(data, dict):
         raise ConfigError(p, "a cast file is a mapping: characters: {NAME: [still, ...]}, undub: [NAME]")
     unknown = sorted(set(data) - set(CAST_KEYS))

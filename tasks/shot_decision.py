@@ -100,17 +100,9 @@ def shot_faces(
 
 
 def needed_faces(
-    shot_index: int,
-    start: int,
-    end: int,
-    info: VideoInfo,
-    audio: np.ndarray,
-    sample_rate: int,
-    cfg: PipelineConfig,
-    cache: Path | None = None,
-    *,
-    planned: bool = False,
-) -> tuple[SpeechInfo, ShotFaces | None]:
+    shot_index: int, start: int, end: int, info: VideoInfo, audio: np.ndarray, sample_rate: int,
+    cfg: PipelineConfig, cache: Path | None = None, *, planned: bool = False,
+) -> tuple[SpeechInfo, ShotFaces | None]:  # fmt: skip
     """The dub slice's speech and, when the shot's outcome can depend on it, its face analysis (read from /
     written to ``cache``; see `decide_shot`)."""
     mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
