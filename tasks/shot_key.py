@@ -124,6 +124,9 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
             [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
             for lo in data["infinitetalk"].get("loras", ())
         ]
+    cast = data.get("cast") or {}
+    if not cast.get("shot") and not cast.get("undub"):  # no characters in play: keys as before `cast:`
+        data.pop("cast", None)
     for key in NON_PIXEL_CONFIG:  # "section" or "section.key"
         section, _, leaf = key.partition(".")
         if not leaf:
