@@ -255,12 +255,13 @@ def estimate_film(
     characters are linked, the face analyses and embeddings are kept under ``work_dir`` (default: a
     temporary folder), where a later estimate finds them."""
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
-    from tasks.cast import cast_active  # noqa: PLC0415
+    from tasks.cast import cast_active, check_cast  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
     from tasks.probe import probe  # noqa: PLC0415
     from tasks.shots import detect_shots  # noqa: PLC0415
 
     price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
+    check_cast(cfg, stems)  # stills exist, stems name characters: before any decoding
     info = probe(source, frame_count=cfg.probe.frame_count)
     shots = detect_shots(info, cfg.shots)
     plans = plan_film(shots.shots, shots.fps, cfg.plan)
@@ -290,10 +291,9 @@ def estimate_film(
 
 
 def _stems(stems: dict[str, str] | None, frame_count: int, fps: Any, cfg: PipelineConfig) -> dict[str, Any]:
-    """{NAME: mono samples} of the stems, each checked like the dialogue track (and the cast first)."""
-    from tasks.cast import check_cast, load_stem  # noqa: PLC0415
+    """{NAME: mono samples} of the stems, each checked like the dialogue track."""
+    from tasks.cast import load_stem  # noqa: PLC0415
 
-    check_cast(cfg, stems)
     return {n: load_stem(p, frame_count, fps, cfg) for n, p in (stems or {}).items()}
 
 
