@@ -197,3 +197,26 @@ def test_bad_stems_and_cast_files_are_one_line_errors(film, tmp_path, capsys):
         assert main(base + args) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith("dubflow: error:") and wanted in err and "\n" not in err, err
+
+
+def test_two_speaker_regions_in_the_shot_table_and_the_qc_sheet():
+    from flows.report import speaker_columns
+    from tasks.gate import decide_dub
+    from tasks.qc_overlay import GREEN, SpeakerOverlay
+    from tasks.region import RegionConfig
+    from tasks.speech import SpeechInfo
+
+    faces, chars = _faces(), {"0": "ANNA", "1": "BEN"}
+    turns, _ = stem_turns(faces, chars, {"ANNA": [[0, 100, -20]], "BEN": [[0, 100, -30]]}, [], min_turn=10)
+    speech = SpeechInfo(True, 1.0, ((0.0, 4.0),), "speech")
+    d = decide_dub(0, speech, faces, RegionConfig(), turns=turns, names=chars)
+    assert d.dub and d.reason.endswith("track 0 (ANNA) + track 1 (BEN) (score 1.00)"), d.reason
+    (region,) = d.regions
+    again = type(region).from_dict(region.to_dict())
+    assert again == region and again.people == region.people  # the contract's JSON round trip
+    row = speaker_columns({"regions": [{**region.to_dict(), "character": "ANNA"}]})
+    assert row["speaker"] == "0 ANNA + 1 BEN"
+    frame = np.zeros((360, 640, 3), np.uint8)
+    drawn = SpeakerOverlay(faces, [region], chars).annotate(10, frame)
+    for x0, y0, _x1, y1 in ((40, 50, 140, 170), (400, 50, 500, 170)):  # both faces marked as speaking
+        assert (drawn[y0 + 20 : y1 - 20, x0] == GREEN).all(axis=1).any()
