@@ -237,9 +237,12 @@ def cmd_dub(args: argparse.Namespace) -> int:
         if p:
             read_header(p)
     stems = _stems(args)
-    from tasks.cast import check_cast
+    from tasks.cast import check_cast, plan_names
 
-    check_cast(cfg, stems)
+    names = plan_names(args.plan) if args.plan else {}  # a stem may be named after a plan's rename
+    check_cast(
+        dataclasses.replace(cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **names})), stems
+    )
     if args.plan:
         from tasks.plan_file import read_plan
 
