@@ -1,7 +1,7 @@
 """`dubflow` command line.
 
     dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--overwrite] [--config FILE] [--backend NAME]
-                [--set k=v ...] [--plan PLAN.yaml] [--preview]
+                [--set k=v ...] [--plan PLAN.yaml] [--preview] [--stem NAME=FILE ...] [--cast CAST.yaml]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
     dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/plan_file.py)
@@ -29,6 +29,16 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("dubflow")
+
+
+def _add_cast_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stem", dest="stems", action="append", default=[], metavar="NAME=FILE",
+        help="one character's dub stem (repeatable): who speaks when; --audio stays the track that is muxed",
+    )  # fmt: skip
+    p.add_argument(
+        "--cast", metavar="FILE", help="cast file: characters: {NAME: [still.png, ...]}, undub: [NAME]"
+    )
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     dub.add_argument(
         "--preview", action="store_true", help="fast preview pass (configs/preview.yaml), own workspace"
     )
+    _add_cast_args(dub)
     _add_config_args(dub)
 
     shots = sub.add_parser("shots", help="print the shot partition as JSON")
@@ -82,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--out", metavar="PLAN", help="write the editable shot plan YAML here (decisions, override fields)"
     )
+    _add_cast_args(plan)
     _add_config_args(plan)
 
     estimate = sub.add_parser(
@@ -91,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("source")
     estimate.add_argument("--audio", required=True, metavar="DUB")
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    _add_cast_args(estimate)
     _add_config_args(estimate)
 
     weights = sub.add_parser("weights", help="check or fetch model weights")
@@ -111,9 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
     from tasks.config import load_config
 
+    updates = None
+    if getattr(args, "cast", None):
+        from tasks.cast import read_cast_file
+
+        updates = {"cast": read_cast_file(args.cast)}
     return load_config(
-        args.config, [*args.overrides, *(extra or [])], preview=bool(getattr(args, "preview", False))
-    )
+        args.config, [*args.overrides, *(extra or [])], updates=updates,
+        preview=bool(getattr(args, "preview", False)),
+    )  # fmt: skip
+
+
+def _stems(args: argparse.Namespace) -> dict[str, str]:
+    """`--stem NAME=FILE` as {NAME: FILE}, each file's header read now (a bad file fails before any work)."""
+    from tasks.probe import read_header
+    from tasks.stems import parse_stems
+
+    stems = parse_stems(getattr(args, "stems", None) or [])
+    for path in stems.values():
+        read_header(path)
+    return stems
 
 
 def cmd_shots(args: argparse.Namespace) -> int:
@@ -137,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = _config(args)
     check_config(cfg)
     if args.out:
-        return _write_plan_file(args, cfg)
+        return _write_plan_file(args, cfg, _stems(args))
     info = probe(args.source, frame_count=cfg.probe.frame_count)
     shots = detect_shots(info, cfg.shots)
     samples = decode_audio(args.audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
@@ -164,17 +194,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_plan_file(args: argparse.Namespace, cfg: Any) -> int:
+def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) -> int:
     """`dubflow plan --out`: the gate's decision and its dubbed regions (speaker per turn) per shot, as YAML."""
     from fractions import Fraction
 
     from tasks.estimate import estimate_film
     from tasks.plan_file import plan_document, write_plan
 
-    est = estimate_film(args.source, args.audio, cfg)
+    est = estimate_film(args.source, args.audio, cfg, stems)
     seed = int({**cfg.to_dict()["infinitetalk"], **cfg.backend.options}.get("seed", cfg.infinitetalk.seed))
     shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
     doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
+    if est.characters:  # the automatic clusters, to confirm or rename (tasks.cast.plan_names reads them)
+        from tasks.cast import plan_characters
+
+        doc["characters"] = plan_characters(est.characters)
     print(write_plan(args.out, doc))
     return 0
 
@@ -182,7 +216,7 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from tasks.estimate import estimate_film
 
-    est = estimate_film(args.source, args.audio, _config(args))
+    est = estimate_film(args.source, args.audio, _config(args), _stems(args))
     print(json.dumps(est.to_dict(), indent=1) if args.json else est.format())
     return 0
 
@@ -205,6 +239,13 @@ def cmd_dub(args: argparse.Namespace) -> int:
     for p in (args.audio, args.mix):
         if p:
             read_header(p)
+    stems = _stems(args)
+    from tasks.cast import check_cast, plan_names
+
+    names = plan_names(args.plan) if args.plan else {}  # a stem may be named after a plan's rename
+    check_cast(
+        dataclasses.replace(cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **names})), stems
+    )
     if args.plan:
         from tasks.plan_file import read_plan
 
@@ -213,8 +254,9 @@ def cmd_dub(args: argparse.Namespace) -> int:
         from flows.dub_film import dub_film_inline
 
         out = dub_film_inline(
-            args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan, overwrite=args.overwrite
-        )
+            args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan, overwrite=args.overwrite,
+            stems=stems,
+        )  # fmt: skip
     else:
         if not os.environ.get("PREFECT_API_URL"):
             # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
@@ -229,6 +271,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
             cfg.to_dict(),
             plan=args.plan,
             overwrite=args.overwrite,
+            stems=stems,
         )
     print(out)
     return 0

@@ -61,7 +61,9 @@ from flows.film_tasks import (
     find_shots,
     key_shots,
     load_dialogue,
+    load_stems,
     open_film_workspace,
+    plan_characters,
     plan_shots,
     probe_source,
     workspace_root,
@@ -87,11 +89,13 @@ from flows.workspace import (
 from tasks.assemble import check_output_path
 from tasks.audio import DialogueTrack
 from tasks.backend import BACKENDS
+from tasks.cast import CastPlan, cast_active, check_cast, plan_names
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError, DubflowError
 from tasks.plan import ShotPlan
 from tasks.preflight import check_config, check_frame_size
 from tasks.render import PREVIEW_LABEL
+from tasks.stems import parse_stems
 
 log = logging.getLogger(__name__)
 
@@ -227,10 +231,12 @@ def run_pipeline(
     runner: Any,
     plan: str | None = None,
     overwrite: bool = False,
+    stems: dict[str, str] | None = None,
     *,
     held: contextlib.ExitStack,
 ) -> str:
-    """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file.
+    """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file;
+    `stems`: {character: dub stem file} (who speaks when; `audio` stays the track that is muxed).
 
     Everything that would fail late is checked first (config, output path, pixel format, inputs, the
     workspace's intermediates and free space); from the workspace's opening to the end the run holds
@@ -247,6 +253,13 @@ def run_pipeline(
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
     check_config(cfg)
+    stems = parse_stems(stems, "stems")
+    if plan:  # the shot plan's characters: section names the automatic clusters
+        cfg = dataclasses.replace(
+            cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **plan_names(plan)})
+        )
+        cfgd = cfg.to_dict()
+    check_cast(cfg, stems)  # stills exist, stems and undub name characters: before any work
     out = str(confine_output(out, source))  # resolved, under an output root, not a foreign file
     if cfg.backend.name not in BACKENDS:
         raise ConfigError(
@@ -266,15 +279,24 @@ def run_pipeline(
         runner.call(load_dialogue, audio, n, fps, cfgd, dialogue_wav(ws, audio), name=Path(audio).name)
     )
     mix_action = runner.call(check_final_mix, mix, n, fps, cfgd, name=Path(mix).name) if mix else None
+    stem_tracks = runner.call(load_stems, stems, n, fps, cfgd, ws.as_dict(), name=name) if stems else {}
     plans = runner.call(plan_shots, shots, cfgd, name=name)
     records = shot_records(shots, plans, track)
     if plan:
         records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name, video=video)
-    records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name)
-    runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
-    film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
-
     needs_gpu = cfg.backend.name != "passthrough"
+    if needs_gpu and cast_active(cfg, stems):  # characters and who speaks when, before the keys
+        cast = CastPlan(
+            **runner.call(
+                plan_characters, video, records, track.to_dict(), stem_tracks, cfgd, str(ws.path), name=name
+            )
+        )
+        records = [{**r, "overrides": cast.overrides(r["index"], r.get("overrides"))} for r in records]
+    records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name, stems=stem_tracks)
+    runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
+    film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd,
+            "stems": {character: t["path"] for character, t in stem_tracks.items()}}  # fmt: skip
+
     if needs_gpu:  # who speaks where, on the CPU here: GPU workers read the cached face analysis
         decisions = runner.call(
             decide_speakers, video, records, track.to_dict(), cfgd, str(ws.path), name=name
@@ -383,6 +405,7 @@ def dub_film(
     plan: str | None = None,
     preview: bool = False,
     overwrite: bool = False,
+    stems: dict[str, str] | None = None,
 ) -> str:
     """Dub `source` with the dialogue track `audio` (and optional final `mix`) into `out`.
 
@@ -391,7 +414,8 @@ def dub_film(
     running this flow, never by a parameter); `overwrite` lets it replace an earlier dubflow output of
     another film or pass (never a file dubflow did not write). `fanout`: see the module docstring.
     `plan`: an edited shot plan file (`dubflow plan --out`) whose per-shot overrides apply. `preview`:
-    the fast preview pass (`configs/preview.yaml` over `config`, its own workspace). The thread pool
+    the fast preview pass (`configs/preview.yaml` over `config`, its own workspace). `stems`: {character
+    name: dub stem file}, one per character (`dubflow dub --stem NAME=FILE`). The thread pool
     bounds the groups in flight at once in deployments mode (64 GPUs).
     """
     cfg = load_config(updates=config or {}, preview=preview)
@@ -400,7 +424,7 @@ def dub_film(
     if fanout not in ("local", "deployments"):
         raise ConfigError("fanout", f"unknown fan-out {fanout!r} (auto, local or deployments)")
     runner = PrefectRunner(fanout, run_group)
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), runner, plan, overwrite)
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), runner, plan, overwrite, stems)
 
 
 def dub_film_inline(
@@ -412,7 +436,8 @@ def dub_film_inline(
     plan: str | None = None,
     preview: bool = False,
     overwrite: bool = False,
+    stems: dict[str, str] | None = None,
 ) -> str:
     """The same pipeline without Prefect (plain calls, same tasks, same workspace and resume)."""
     cfg = load_config(updates=config or {}, preview=preview)
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), plan, overwrite)
+    return run_pipeline(source, audio, out, mix, cfg.to_dict(), InlineRunner(), plan, overwrite, stems)

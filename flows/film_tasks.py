@@ -30,6 +30,7 @@ from flows.workspace import (
 )
 from tasks.assemble import AudioSource, assemble
 from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.cast import film_cast
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError
 from tasks.intermediates import IntermediateError
@@ -122,6 +123,64 @@ def load_dialogue(
     return track.to_dict()
 
 
+def stem_wav(ws: Workspace, name: str, path: str) -> str:
+    """Where a character's checked dub stem lives in the workspace (one file per stem file's fingerprint)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return str(ws.path / f"stem-{safe}-{film_fingerprint(path)[:16]}.wav")
+
+
+@task(task_run_name="stems {name}")
+def load_stems(
+    stems: dict[str, str],
+    frame_count: int,
+    fps: str,
+    config: dict[str, Any],
+    ws: dict[str, str],
+    name: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Decode and check every character's dub stem like the dialogue track (length, rate, finite samples)
+    into the workspace: {NAME: DialogueTrack dict}."""
+    cfg, workspace = PipelineConfig.from_dict(config), Workspace.from_dict(ws)
+    out = {}
+    for character, path in sorted(stems.items()):
+        wav = stem_wav(workspace, character, path)
+        track = prepare_dialogue(path, frame_count=frame_count, fps=Fraction(fps), cfg=cfg.audio, out_wav=wav)
+        out[character] = track.to_dict()
+    return out
+
+
+@task(task_run_name="characters {name}")
+def plan_characters(
+    video: dict[str, Any], records: list[dict[str, Any]], dialogue: dict[str, Any],
+    stems: dict[str, dict[str, Any]], config: dict[str, Any], work_dir: str, name: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """The film's characters and each shot's `cast.shot` (`tasks.cast.film_cast`: the planning's face
+    analyses and per-track embeddings, cached in the run workspace, then each stem's speech); the
+    characters are also written to ``characters.json`` in the workspace."""
+    info, track = VideoInfo.from_dict(video), DialogueTrack.from_dict(dialogue)
+    by_index = {r["index"]: r for r in records}
+
+    def cfg_of(index: int) -> PipelineConfig:
+        return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
+
+    def mono(t: DialogueTrack):
+        return read_samples(t, 0, t.n_samples).mean(axis=1)
+
+    spans = [
+        (r["index"], r["plan"]["start_frame"], r["plan"]["end_frame"], tuple(r["audio_range"]))
+        for r in records
+    ]
+    stem_mono = {n: mono(DialogueTrack.from_dict(t)) for n, t in stems.items()}
+    cast = film_cast(
+        info, spans, lambda a, b: read_samples(track, a, b), track.sample_rate, stem_mono, cfg_of, work_dir
+    )
+    atomic_write_json(Path(work_dir) / "characters.json", {"characters": list(cast.characters)})
+    run_logger(log).info(
+        "characters: %s", ", ".join(f"{c['name'] or c['id']} (shots {c['shots']})" for c in cast.characters)
+    )
+    return cast.to_dict()
+
+
 @task(task_run_name="mix {name}")
 def check_final_mix(mix: str, frame_count: int, fps: str, config: dict[str, Any], name: str = "") -> str:
     """Length-check the final mix; returns the action ('ok', 'pad' or 'trim')."""
@@ -166,11 +225,13 @@ def key_shots(
     dialogue: dict[str, Any],
     config: dict[str, Any],
     name: str = "",
+    stems: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The records with each shot's result key (`tasks.shot_key`: its frames, conditioning audio,
-    effective settings, weights, render version)."""
+    """The records with each shot's result key (`tasks.shot_key`: its frames, conditioning audio and
+    stems, effective settings, weights, render version)."""
     cfg = PipelineConfig.from_dict(config)
     fingerprint, track = film_fingerprint(source), DialogueTrack.from_dict(dialogue)
+    stem_tracks = {n: DialogueTrack.from_dict(t) for n, t in (stems or {}).items()}
     out = []
     for record in records:
         inputs = shot_inputs(
@@ -180,6 +241,7 @@ def key_shots(
             track=track,
             config=shot_config(config, record.get("overrides")),
             context_s=cfg.workspace.audio_context_s,
+            stems=stem_tracks,
         )
         out.append({**record, "key": inputs.key()})
     return out

@@ -73,14 +73,24 @@ def shot_rows(
 
 
 def speaker_columns(decision: dict[str, Any] | None) -> dict[str, Any]:
-    """The shot table's speaker (track ids per dubbed turn, "-" when nobody on screen is dubbed) and score."""
+    """The shot table's speaker (track ids per dubbed turn, with their character when known, both people of
+    a two-speaker turn joined by "+"; "-" when nobody on screen is dubbed) and score."""
     if not decision:
         return {"speaker": "", "score": ""}
     regions = decision.get("regions") or []
     if not regions:
         return {"speaker": "-", "score": ""}
-    who = " -> ".join("?" if r["speaker"] is None else str(r["speaker"]) for r in regions)
+    who = " -> ".join(_turn(r) for r in regions)
     return {"speaker": who, "score": round(min(float(r["score"]) for r in regions), 2)}
+
+
+def _turn(region: dict[str, Any]) -> str:
+    people = region.get("people") or [{"track": region["speaker"], "character": region.get("character")}]
+    return " + ".join(
+        ("?" if p["track"] is None else str(p["track"]))
+        + (f" {p['character']}" if p.get("character") else "")
+        for p in people
+    )
 
 
 def reused_shots(rows: list[dict[str, Any]]) -> set[int]:

@@ -140,6 +140,7 @@ def _render_unlocked(
         str(ws.shot_dir(index, key) / "shot.mkv"),
         config,
         work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
+        stems=dict(film.get("stems") or {}),  # character -> checked stem wav (`dubflow dub --stem`)
     )
     hooks = [h for h in (on_progress, _fault(ws.shot_dir(index, key), index, cfg.debug)) if h is not None]
 

@@ -235,6 +235,22 @@ class SpeakerConfig:
 
 
 @dataclass(frozen=True)
+class CastConfig:
+    """Characters across the film (tasks.characters, tasks.cast) and per-character dub stems (tasks.stems)."""
+
+    characters: dict[str, Any]  # {NAME: [reference still, ...]}: names characters from a few stills
+    names: dict[str, Any]  # {automatic id: NAME}: renames confirmed in the shot plan's characters: section
+    undub: tuple[str, ...]  # characters never dubbed in the whole film (their lines pass through)
+    identify: Literal["auto", "always", "never"]  # auto: when stems, stills, names or undub are given
+    link_distance: float  # face embeddings closer than this vote "same person"
+    link_votes: float  # share of a track's samples that must vote for one character to link it
+    samples: int  # face samples embedded per track
+    min_turn_s: float  # stem turns and overlaps of two stems shorter than this join a neighbouring turn
+    bridge_s: float  # pauses in one stem shorter than this are part of its speech
+    shot: dict[str, Any]  # filled by planning per shot (its tracks' characters, its stems' speech)
+
+
+@dataclass(frozen=True)
 class QcSettings:
     """Per dubbed shot: side-by-side preview + contact sheet in the run workspace."""
 
@@ -286,6 +302,7 @@ class PipelineConfig:
     region: RegionSettings
     gate: GateConfig
     speaker: SpeakerConfig
+    cast: CastConfig
     qc: QcSettings
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig

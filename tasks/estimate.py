@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ class FilmEstimate:
     load_s: float | None
     shots: tuple[ShotEstimate, ...]
     missing: tuple[str, ...]  # figures that are not measured (null in the config)
+    characters: tuple[dict[str, Any], ...] = ()  # the film's characters (tasks.cast), when linked
 
     @property
     def dubbed(self) -> list[ShotEstimate]:
@@ -113,6 +115,8 @@ class FilmEstimate:
         ]
         if self.missing:
             lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
+        for c in self.characters:
+            lines.append(f"character {c['id']}{' = ' + c['name'] if c['name'] else ''}: shots {c['shots']}")
         return "\n".join(lines)
 
 
@@ -239,16 +243,26 @@ def _check(value: Any, section: str, key: str) -> float:
     return float(value)
 
 
-def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
-    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
+def estimate_film(
+    source: str | Path,
+    audio: str | Path,
+    cfg: PipelineConfig,
+    stems: dict[str, str] | None = None,
+    *,
+    work_dir: str | Path | None = None,
+) -> FilmEstimate:
+    """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio` (and the
+    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.cast`).  When
+    characters are linked, the face analyses and embeddings are kept under ``work_dir`` (default: a
+    temporary folder), where a later estimate finds them."""
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
-    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
+    from tasks.cast import cast_active, check_cast  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
     from tasks.probe import probe  # noqa: PLC0415
-    from tasks.shot_decision import decide_shot, regions_json  # noqa: PLC0415
     from tasks.shots import detect_shots  # noqa: PLC0415
 
     price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
+    check_cast(cfg, stems)  # stills exist, stems name characters: before any decoding
     info = probe(source, frame_count=cfg.probe.frame_count)
     shots = detect_shots(info, cfg.shots)
     plans = plan_film(shots.shots, shots.fps, cfg.plan)
@@ -258,13 +272,61 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
         path=audio,
     )  # fmt: skip
     samples = conform(samples, decision)
+    mono = _stems(stems, shots.frame_count, shots.fps, cfg)  # checked before the face analysis
     edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
     bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
 
+    with tempfile.TemporaryDirectory(prefix="dubflow-estimate-") as scratch:
+        tmp = str(work_dir or scratch)
+        spans = [(s.index, s.start_frame, s.end_frame, ab) for s, ab in zip(shots.shots, bounds, strict=True)]
+        cast = _cast(info, spans, samples, mono, cfg, tmp) if cast_active(cfg, stems) else None
+        out = _decide(info, shots.shots, plans, bounds, samples, cfg, price, cast, tmp)
+    width, height = info.display_size
+    return FilmEstimate(
+        source=str(source), frames=shots.frame_count, fps=str(shots.fps), display_width=width,
+        display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
+        branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
+        load_s=price.load_s, shots=tuple(out), missing=price.missing,
+        characters=cast.characters if cast is not None else (),
+    )  # fmt: skip
+
+
+def _stems(stems: dict[str, str] | None, frame_count: int, fps: Any, cfg: PipelineConfig) -> dict[str, Any]:
+    """{NAME: mono samples} of the stems, each checked like the dialogue track."""
+    from tasks.cast import load_stem  # noqa: PLC0415
+
+    return {n: load_stem(p, frame_count, fps, cfg) for n, p in (stems or {}).items()}
+
+
+def _cast(info: Any, spans: list, samples: Any, mono: dict[str, Any], cfg: PipelineConfig, tmp: str):
+    """The film's characters and per-shot `cast.shot`."""
+    from tasks.cast import film_cast  # noqa: PLC0415
+
+    mix = samples.mean(axis=1)
+    return film_cast(info, spans, lambda a, b: mix[a:b], cfg.audio.sample_rate, mono, lambda _i: cfg, tmp)
+
+
+def _decide(info, shots, plans, bounds, samples, cfg, price, cast, tmp) -> list[ShotEstimate]:
+    """Each shot's gate decision and GPU seconds (its `cast.shot` applied when characters are linked)."""
+    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
+    from tasks.shot_decision import decide_shot, faces_path, regions_json  # noqa: PLC0415
+    from tasks.shot_key import shot_config  # noqa: PLC0415
+
     out = []
-    for shot, plan, (a, b) in zip(shots.shots, plans, bounds, strict=True):
+    for shot, plan, (a, b) in zip(shots, plans, bounds, strict=True):
+        cfg_i, cache = cfg, None
+        if cast is not None:
+            cfg_i = PipelineConfig.from_dict(shot_config(cfg.to_dict(), cast.overrides(shot.index)))
+            cache = faces_path(tmp, shot.index, shot.start_frame, shot.end_frame, cfg_i)
         d = decide_shot(
-            shot.index, shot.start_frame, shot.end_frame, info, samples[a:b], cfg.audio.sample_rate, cfg
+            shot.index,
+            shot.start_frame,
+            shot.end_frame,
+            info,
+            samples[a:b],
+            cfg.audio.sample_rate,
+            cfg_i,
+            cache,
         )
         gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
         gpu += (
@@ -277,10 +339,4 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
             )
         )
         log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
-    width, height = info.display_size
-    return FilmEstimate(
-        source=str(source), frames=shots.frame_count, fps=str(shots.fps), display_width=width,
-        display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
-        branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
-        load_s=price.load_s, shots=tuple(out), missing=price.missing,
-    )  # fmt: skip
+    return out

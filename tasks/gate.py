@@ -10,12 +10,20 @@ Must not decode media nor run models: it reads the speech verdict and the shot's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.face_analysis import ShotFaces
-from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_box, plan_from_track
+from tasks.region import (
+    Box,
+    RegionConfig,
+    RegionPlan,
+    full_frame_box,
+    plan_from_box,
+    plan_from_track,
+    snap_box_size,
+)
 from tasks.speech import SpeechInfo
 
 POLICIES = ("auto", "all", "none")
@@ -147,12 +155,17 @@ def decide_dub(
     require_face: bool = True,
     uncertain: str = "most_likely",
     min_score: float = 0.0,
+    turns: Sequence[tuple] | None = None,
+    why_not: str = "",
+    names: Mapping[str, str] | None = None,
 ) -> Decision:
     """Decide whether and where to dub one shot.
 
     Order: a per-shot override wins; then policy "all" / "none"; then "auto": the dub track must speak,
     then someone on screen must say the source's lines (``require_face=False`` lets full-frame mode dub
     speech shots without a face).  ``faces`` may be None only when the decision cannot depend on it.
+    ``turns`` (per-character stems, `tasks.stems`): replace the face analysis's speaker turns; ``why_not``
+    then says why a shot with no dubbed turn is passed through.  ``names``: {track id (str): character}.
     """
     if policy not in POLICIES:
         raise ValueError(f"dub policy must be one of {POLICIES}, got {policy!r}")
@@ -168,19 +181,29 @@ def decide_dub(
         )
     if faces is None:
         raise ValueError(f"shot {shot_index}: the decision needs the shot's face analysis")
-    turns = speaker_turns(faces, uncertain, min_score)
-    regions = tuple(_region(faces, a, b, t, sc, st, region) for a, b, t, sc, st in turns if t is not None)
+    turns = speaker_turns(faces, uncertain, min_score) if turns is None else turns
+    regions = tuple(
+        _region(faces, a, b, t, sc, st, region, tuple(more[0]) if more else ())
+        for a, b, t, sc, st, *more in turns
+        if t is not None
+    )
     if forced is not None:
         return Decision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
     pct = f"speech {speech.speech_ratio:.0%}"
     if regions:
-        who = " -> ".join(f"track {r.speaker}" for r in regions)
-        sure = all(r.status == "speaker" for r in regions)
+        who = " -> ".join(_who(r, names or {}) for r in regions)
+        sure = all(r.status in ("speaker", "two") for r in regions)
         tag = "speaker" if sure else f"speaker uncertain, {uncertain.replace('_', ' ')}"
         return Decision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
     if region.mode == "full" and not require_face:
         return Decision(True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),))
-    return Decision(False, _why_not(faces, turns))
+    return Decision(False, why_not or _why_not(faces, turns))
+
+
+def _who(r: DubRegion, names: Mapping[str, str]) -> str:
+    """ "track 0 (ANNA)", or both people of a two-speaker region joined by "+"."""
+    tracks = [p["track"] for p in r.people] or [r.speaker]
+    return " + ".join(f"track {k}" + (f" ({names[str(k)]})" if str(k) in names else "") for k in tracks)
 
 
 def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
@@ -190,12 +213,41 @@ def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
     return _region(faces, 0, faces.num_frames, track, 0.0, status, cfg)
 
 
+def _holding(boxes: list[Box], frame_hw: tuple[int, int], num_frames: int, cfg: RegionConfig) -> RegionPlan:
+    """A two-speaker region's plan: the smallest bucket-aspect box holding every face box with a margin,
+    static; the full-frame box when that does not fit in the frame."""
+    x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    both = (int(x0), int(y0), int(x1), int(y1))
+    (h, w), bucket = snap_box_size(1.4 * (y1 - y0), 1.15 * (x1 - x0), frame_hw, cfg.size)
+    if cfg.mode == "full" or h < y1 - y0 or w < x1 - x0:
+        box, bucket = full_frame_box(frame_hw, cfg.size)
+        why = "two speakers: full frame"
+        return RegionPlan("full", box, bucket, True, len(boxes), why, frame_hw, num_frames, face_box=both)
+    bx = min(max(round((x0 + x1 - w) / 2), 0), frame_hw[1] - w)
+    by = min(max(round((y0 + y1 - h) / 2), 0), frame_hw[0] - h)
+    why = "two speakers: a box holding both faces"
+    return RegionPlan("region", (bx, by, bx + w, by + h), bucket, True, len(boxes), why, frame_hw, num_frames,
+                      face_box=both)  # fmt: skip
+
+
 def _region(
-    faces: ShotFaces, start: int, end: int, track: int | None, score: float, status: str, cfg: RegionConfig
+    faces: ShotFaces,
+    start: int,
+    end: int,
+    track: int | None,
+    score: float,
+    status: str,
+    cfg: RegionConfig,
+    people: tuple[dict[str, Any], ...] = (),
 ) -> DubRegion:
-    """The dub box of frames [start, end) around ``track`` (tasks.region geometry, display pixels)."""
+    """The dub box of frames [start, end) around ``track`` (tasks.region geometry, display pixels); a
+    two-speaker region's box holds every person's box (`people`)."""
     samples: list[tuple[int, Box]] = []
     n_samples = len(range(0, end - start, max(1, faces.step_frames)))
+    if people:
+        plan = _holding([p["box"] for p in people], faces.display_hw, end - start, cfg)
+        return DubRegion(start, end, track, round(score, 3), status, plan, people)
     if track is not None:
         tr = faces.track(track)
         samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
@@ -204,7 +256,7 @@ def _region(
     if track is None and cfg.mode != "full":
         box, bucket = full_frame_box(faces.display_hw, cfg.size)
         plan = RegionPlan("full", box, bucket, False, 0, "no face: full frame", faces.display_hw, end - start)
-    return DubRegion(start, end, track, round(score, 3), status, plan)
+    return DubRegion(start, end, track, round(score, 3), status, plan, people)
 
 
 def _own(raw: Mapping[Any, Any] | None, shot_index: int) -> Any:

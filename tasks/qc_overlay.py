@@ -2,8 +2,9 @@
 
 Holds `SpeakerOverlay`, built from a shot's face analysis (`tasks.face_analysis.ShotFaces`) and its dubbed
 regions (`tasks.gate.DubRegion`): `annotate` draws on a source frame (display orientation, display
-pixels) every track visible at that frame (grey; still pictures red), the dubbed speaker's face in green
-with its track id and score, and the dubbed crop box; `timeline` draws a strip under the sheet: the
+pixels) every track visible at that frame (grey; still pictures red) with its character's name when
+known, the dubbed speaker's face (both faces of a two-speaker turn) in green with its track id and score,
+and the dubbed crop box; `timeline` draws a strip under the sheet: the
 source's speech probability, each track's mouth activity and who is dubbed when.
 Pure drawing on arrays; must not decode or decide anything.
 """
@@ -30,9 +31,12 @@ def _text(
 class SpeakerOverlay:
     """Draws a shot's tracks, dubbed speakers and speech timeline (see the module docstring)."""
 
-    def __init__(self, faces: ShotFaces, regions: list[DubRegion]) -> None:
+    def __init__(
+        self, faces: ShotFaces, regions: list[DubRegion], names: dict[str, str] | None = None
+    ) -> None:
         self.faces = faces
         self.regions = regions
+        self.names = names or {}  # track id (str) -> character name
 
     def region_at(self, t: int) -> DubRegion | None:
         return next((r for r in self.regions if r.start_frame <= t < r.end_frame), None)
@@ -48,11 +52,14 @@ class SpeakerOverlay:
                 continue
             b = np.array(tr.boxes, np.float64)
             box = [int(round(np.interp(t, tr.frames, b[:, k]))) for k in range(4)]
-            chosen = region is not None and region.speaker == tr.id
+            chosen = region is not None and (
+                region.speaker == tr.id or any(p["track"] == tr.id for p in region.people)
+            )
             colour = GREEN if chosen else RED if tr.still else GREY
             cv2.rectangle(out, (box[0], box[1]), (box[2], box[3]), colour, thick * (2 if chosen else 1))
             label = (
                 f"{tr.id}"
+                + (f" {self.names[str(tr.id)]}" if str(tr.id) in self.names else "")
                 + (" still" if tr.still else "")
                 + (f" speaks {region.score:.2f}" if chosen else "")
             )
@@ -90,7 +97,9 @@ class SpeakerOverlay:
             a, b = int(r.start_frame / n * (width - 1)), int(r.end_frame / n * (width - 1))
             colour = TRACK_COLOURS[(r.speaker or 0) % len(TRACK_COLOURS)] if r.speaker is not None else GREY
             cv2.rectangle(img, (a, h_plot + 2), (b, h_plot + h_bar), colour, -1)
-            _text(img, f"{r.speaker}", (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
+            who = [p["track"] for p in r.people] or [r.speaker]
+            label = "+".join(f"{k}" + (f" {self.names[str(k)]}" if str(k) in self.names else "") for k in who)
+            _text(img, label, (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
         _text(
             img,
             "speech (grey), mouth activity per track, dubbed speaker per turn",
@@ -106,7 +115,7 @@ def speaker_overlay(details: dict) -> SpeakerOverlay | None:
     if not details.get("faces"):
         return None
     regions = [DubRegion.from_dict(r) for r in details.get("regions") or []]
-    return SpeakerOverlay(ShotFaces.from_dict(details["faces"]), regions)
+    return SpeakerOverlay(ShotFaces.from_dict(details["faces"]), regions, details.get("characters"))
 
 
 __all__ = ["SpeakerOverlay", "speaker_overlay"]

@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class ShotJob:
     out_path: str  # the shot's lossless intermediate (.mkv)
     config: dict[str, Any]  # PipelineConfig.to_dict()
     work_dir: str | None = None  # the run's work dir (per-film caches, QC); None: see `run_dir`
+    stems: dict[str, str] = field(default_factory=dict)  # character name -> its checked stem wav (tasks.cast)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -255,7 +256,8 @@ def render_shot_result(
     segments = [checkpoints.segment(c.index) for c in plan.chunks]
 
     # 1. the dub decision (gating backends), taken once and kept with the checkpoints
-    context = ShotContext(work_dir, info, track, (a0, a1), cfg)
+    stems = {name: Path(p) for name, p in job.stems.items()}
+    context = ShotContext(work_dir, info, track, (a0, a1), cfg, stems)
     decision: ShotDecision | None = None
     if callable(getattr(backend, "prepare_shot", None)):
         decision_file = seg_dir / "decision.json"

@@ -30,7 +30,8 @@ from tasks.gate import DubRegion, apply_region_overrides, decide_dub, parse_over
 from tasks.probe import VideoInfo
 from tasks.region import RegionConfig
 from tasks.shot_key import faces_key
-from tasks.speech import detect_speech
+from tasks.speech import SpeechInfo, detect_speech
+from tasks.stems import cast_turns
 from tasks.vad import at_frames, resample_to_vad, speech_probs
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,32 @@ def shot_faces(
     return analyse_shot(info, start, end, probs, cfg.speaker, source_audio=source_audio)
 
 
+def needed_faces(
+    shot_index: int, start: int, end: int, info: VideoInfo, audio: np.ndarray, sample_rate: int,
+    cfg: PipelineConfig, cache: Path | None = None, *, planned: bool = False, track_override: bool = False,
+) -> tuple[SpeechInfo, ShotFaces | None]:  # fmt: skip
+    """The dub slice's speech and, when the shot's outcome can depend on it, its face analysis (read from /
+    written to ``cache``; see `decide_shot`). ``track_override``: the plan names the shot's speaker track."""
+    mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
+    speech = detect_speech(mono, sample_rate, cfg.speaker)
+    faces = None
+    if _needs_faces(shot_index, speech.has_speech, cfg, track_override=track_override):
+        if cache is not None and cache.is_file():
+            faces = _cached_faces(cache, mono)
+        if faces is None:
+            if planned:
+                log.warning(
+                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
+                )
+            faces = shot_faces(info, start, end, mono, sample_rate, cfg)
+            if cache is not None:
+                dub = None if faces.source_audio else _dub_digest(mono)
+                _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
+    elif cfg.region.mode == "full":
+        faces = _no_faces(info, start, end)
+    return speech, faces
+
+
 def decide_shot(
     shot_index: int,
     start: int,
@@ -126,27 +153,16 @@ def decide_shot(
         override = region_overrides(shot_index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
-    mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
-    speech = detect_speech(mono, sample_rate, cfg.speaker)
-    faces = None
-    if _needs_faces(shot_index, speech.has_speech, cfg, track_override=override[0] is not None):
-        if cache is not None and cache.is_file():
-            faces = _cached_faces(cache, mono)
-        if faces is None:
-            if planned:
-                log.warning(
-                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
-                )
-            faces = shot_faces(info, start, end, mono, sample_rate, cfg)
-            if cache is not None:
-                dub = None if faces.source_audio else _dub_digest(mono)
-                _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
-    elif cfg.region.mode == "full":
-        faces = _no_faces(info, start, end)
+    speech, faces = needed_faces(
+        shot_index, start, end, info, audio, sample_rate, cfg, cache, planned=planned,
+        track_override=override[0] is not None,
+    )  # fmt: skip
+    turns, why_not, names = cast_turns(faces, cfg)  # per-character stems / undubbed characters (tasks.stems)
     try:
         d = decide_dub(
             shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
             require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
+            turns=turns, why_not=why_not, names=names,
         )  # fmt: skip
         skipped = parse_overrides(cfg.gate.overrides).get(shot_index) == "skip"
         d = apply_region_overrides(
@@ -158,6 +174,7 @@ def decide_shot(
         "speech": speech.to_dict(),
         "regions": [r.to_dict() for r in d.regions],
         "faces": None if faces is None else faces.to_dict(),
+        "characters": names,
     }
     return ShotDecision(d.dub, d.reason, details)
 
@@ -168,7 +185,9 @@ def decision_regions(decision: ShotDecision) -> list[DubRegion]:
 
 
 def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
-    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score."""
+    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
+    the speaker's character (None when unknown) and, for a two-speaker region, its people."""
+    names = decision.details.get("characters") or {}
     out = []
     for r in decision_regions(decision) if decision.dub else []:
         out.append(
@@ -179,6 +198,8 @@ def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]
                 "speaker": r.speaker,
                 "score": r.score,
                 "status": r.status,
+                "character": names.get(str(r.speaker)),
+                **({"people": [dict(p) for p in r.people]} if r.people else {}),
             }  # fmt: skip
         )
     return out
@@ -192,4 +213,12 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["decide_shot", "decision_regions", "faces_path", "region_config", "regions_json", "shot_faces"]
+__all__ = [
+    "decide_shot",
+    "decision_regions",
+    "faces_path",
+    "needed_faces",
+    "region_config",
+    "regions_json",
+    "shot_faces",
+]

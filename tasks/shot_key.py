@@ -47,11 +47,14 @@ RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned ti
 # injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
 # and block offload give bit-identical outputs, profiling only adds device syncs, the overlapped chunk
 # pipeline (`pipeline`) writes the same bytes as the sequential loop. `gate.overrides` is reduced to the
-# shot's own entry by `shot_settings`, as the other per-shot gate maps are.
+# shot's own entry by `shot_settings`, as the other per-shot gate maps are. Of `cast`, what links and names
+# characters reaches a shot only through its `cast.shot` (its tracks' characters and stems' speech, filled by
+# the planning), which stays.
 PER_SHOT_GATE = ("overrides", "speakers", "crops")  # {shot index: value} maps of the gate section
 NON_PIXEL_CONFIG = (
     "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline",
     "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "pipeline",
+    "cast.characters", "cast.names", "cast.identify", "cast.link_distance", "cast.link_votes", "cast.samples",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
 GATE_ONLY_SPEAKER = (
@@ -134,6 +137,9 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
             [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
             for lo in data["infinitetalk"].get("loras", ())
         ]
+    cast = data.get("cast") or {}
+    if not cast.get("shot") and not cast.get("undub"):  # no characters in play: keys as before `cast:`
+        data.pop("cast", None)
     for key in NON_PIXEL_CONFIG:  # "section" or "section.key"
         section, _, leaf = key.partition(".")
         if not leaf:
@@ -223,14 +229,19 @@ def shot_inputs(
     track: DialogueTrack,
     config: Mapping[str, Any],
     context_s: float | None,
+    stems: Mapping[str, DialogueTrack] | None = None,
 ) -> ShotInputs:
-    """The `ShotInputs` of one shot; `config` is the shot's effective config (`shot_config`)."""
+    """The `ShotInputs` of one shot; `config` is the shot's effective config (`shot_config`); ``stems``:
+    the per-character dub stems (same rate and length as ``track``), hashed over the same span."""
     span = conditioning_span(plan, audio_range, track, context_s)
+    audio = audio_identity(track, span)
+    if stems:
+        audio["stems"] = {name: audio_identity(stems[name], span) for name in sorted(stems)}
     return ShotInputs(
         render_version=RENDER_VERSION,
         film=film_fingerprint,
         plan=dict(plan),
-        audio=audio_identity(track, span),
+        audio=audio,
         settings=shot_settings(config, int(plan["shot_index"])),
         weights=weights_identity(config),
     )
