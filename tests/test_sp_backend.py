@@ -4,6 +4,7 @@ mid-chunk fails the shot naming the rank, after which fresh ranks run the next s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -111,6 +112,32 @@ def test_a_rank_killed_mid_chunk_fails_the_shot_and_fresh_ranks_resume_it(
     assert resident.loads["shot_worker"] == 2
     assert np.array_equal(decode_all(resumed["path"]), decode_all(whole["path"]))
     resident.close()
+
+
+def test_fp8_attention_under_sp_is_refused_at_rank_setup_on_a_cpu(
+    ws_root: Path,  # noqa: F811
+    resident: ResidentModels,  # noqa: F811
+):
+    """The product selects the cuDNN fp8 attention under SP in each rank's setup (`chunk.rank_setup` ->
+    `load_models` with the LoadSpec's fp8_attention). Where CUDA and the cuDNN frontend are missing the
+    start fails with one line naming a rank and why, and no worker is kept. (The options never ask for fp8
+    attention on a CPU; the spec is set here to exercise the ranks' check.)"""
+    from model import cudnn_attention
+    from tasks.infinitetalk import InfiniteTalkBackend
+
+    if cudnn_attention.fp8_supported():
+        pytest.skip("fp8 attention is supported here: the GPU smoke with --gpus-per-shot 2 runs it")
+    cfg = load_config(overrides=[f"workspace.root={ws_root}", "infinitetalk.gpus_per_shot=2"])
+    backend = InfiniteTalkBackend({}, config=cfg)
+    spec = dataclasses.replace(backend.load_spec("cpu"), fp8_attention=True)
+    with pytest.raises(
+        ShotWorkerError,
+        match=r"^ShotWorker \(2 ranks\): rank [01] failed while starting: "
+        r"ValueError: fp8_attention needs a Hopper \(sm90\+\) CUDA device",
+    ) as err:
+        resident.shot_worker_config(backend.weights_root(), spec, 2)
+    assert "\n" not in str(err.value) and "Traceback" in err.value.details
+    assert resident._worker is None and resident.loads["shot_worker"] == 0
 
 
 def test_gpus_per_shot_is_validated():
