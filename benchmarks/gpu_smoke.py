@@ -203,6 +203,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     stages = {
         label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
     }
+    if "sp_chunk" in t:  # gpus_per_shot > 1: the ranks' whole chunk (DiT + VAE + CLIP), timed here
+        stages["SP chunk"] = t["sp_chunk"]
     stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
     seconds = plan.num_frames / float(info.fps)
     spec = backend.load_spec(resolve_device(backend.opts.device))

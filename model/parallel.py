@@ -525,6 +525,11 @@ class ShotWorker:
         return self
 
     @property
+    def alive(self) -> bool:
+        """Started and every rank process still running (a rank may die between jobs, e.g. OOM-killed)."""
+        return self._procs is not None and all(p.is_alive() for p in self._procs.processes)
+
+    @property
     def pids(self) -> tuple[int, ...]:
         """The rank processes' ids, rank 0 first (empty when not started)."""
         return () if self._procs is None else tuple(p.pid for p in self._procs.processes)
@@ -547,10 +552,10 @@ class ShotWorker:
         if self._procs is None:
             return
         procs, self._procs = self._procs, None
-        if all(p.is_alive() for p in procs.processes):
+        if all(p.is_alive() for p in procs.processes):  # else the others cannot finish without the dead one
             self._jobs.put(None)
-        for p in procs.processes:
-            p.join(timeout_s)
+            for p in procs.processes:
+                p.join(timeout_s)
         for stop in ("terminate", "kill"):
             for p in procs.processes:
                 if p.is_alive():

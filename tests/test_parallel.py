@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from model.parallel import (
+    FAULT_ENV,
     LOCAL_SHARD,
     RankZeroCodec,
     SequenceParallel,
@@ -23,6 +24,7 @@ from model.parallel import (
     ShotWorkerError,
     UlyssesShard,
     balanced_shares,
+    fault_point,
 )
 from tests.parity.common import rel_err
 
@@ -220,6 +222,18 @@ def test_single_process_is_the_identity_hook(parts, monkeypatch):
         assert torch.equal(run_forward(model, "one_speaker_even"), ref)
     finally:
         model.sp = None
+
+
+def test_the_rank_fault_hook_is_inert_unless_set(monkeypatch):
+    """DUBFLOW_SP_FAULT (the test hook that SIGKILLs a rank mid-job) does nothing unset; a bad value is
+    one clear error (a rank reports it at start)."""
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    assert fault_point(0) is None and fault_point(1) is None
+    monkeypatch.setenv(FAULT_ENV, "1:3:2")
+    assert fault_point(1) == (3, 2) and fault_point(0) is None
+    monkeypatch.setenv(FAULT_ENV, "1:x")
+    with pytest.raises(ValueError, match=r"DUBFLOW_SP_FAULT='1:x': expected RANK:JOB:FORWARD"):
+        fault_point(0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +77,10 @@ def test_a_rank_killed_mid_chunk_fails_the_shot_and_fresh_ranks_resume_it(
 ):
     """Rank 1 SIGKILLed inside chunk 2 of 2 (the DUBFLOW_SP_FAULT hook: its job 3 = describe, chunk 1,
     chunk 2; at that job's 2nd DiT forward): the shot fails with one line naming rank 1 and the signal, no
-    rank is left running and the holder drops the worker; the next shot starts fresh ranks; the failed
-    shot's re-run generates chunk 2 only and equals an uninterrupted run on the same ranks, frame for frame."""
+    rank is left running and the holder drops the worker; the next shot starts fresh ranks. A rank killed
+    while idle between shots is noticed at the next shot, which starts fresh ranks instead of failing. The
+    failed shot's re-run generates chunk 2 only and equals an uninterrupted run on the same ranks, frame for
+    frame."""
     sp = ["gate.policy=all", "qc.enabled=false", *SHORT_CHUNKS, "infinitetalk.gpus_per_shot=2"]
     job = _job(tmp_path, ws_root, 0, (0, 12), sp, name="killed")
     assert len(job.plan["chunks"]) == 2
@@ -100,16 +104,23 @@ def test_a_rank_killed_mid_chunk_fails_the_shot_and_fresh_ranks_resume_it(
     fresh = dict(resident.worker_stats)
     assert fresh["pid"] != first["pid"] and fresh["jobs"] == 2  # new ranks: describe + 1 chunk
 
+    idle = resident._worker.pids[1]  # a rank that dies between shots is not reused
+    os.kill(idle, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while resident._worker.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+
     backend_log.clear()
     resumed = render_shot_result(job)
-    assert resumed["dubbed"] and resumed["chunks_resumed"] == 1
+    assert resumed["dubbed"] and resumed["chunks_resumed"] == 1 and resident.loads["shot_worker"] == 3
     assert [line.split("generating ")[1] for line in backend_log if "generating chunk" in line] == [
         "chunk 2/2"
     ]
-    assert resident.worker_stats == {"pid": fresh["pid"], "jobs": 3}  # one chunk generated
+    third = dict(resident.worker_stats)
+    assert third["jobs"] == 2 and _gone(fresh["pid"]) and _gone(idle)  # describe + the one chunk generated
     whole = render_shot_result(_job(tmp_path, ws_root, 0, (0, 12), sp, name="whole"))
-    assert whole["chunks_resumed"] == 0 and resident.worker_stats == {"pid": fresh["pid"], "jobs": 5}
-    assert resident.loads["shot_worker"] == 2
+    assert whole["chunks_resumed"] == 0 and resident.worker_stats == {"pid": third["pid"], "jobs": 4}
+    assert resident.loads["shot_worker"] == 3
     assert np.array_equal(decode_all(resumed["path"]), decode_all(whole["path"]))
     resident.close()
 
