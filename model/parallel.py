@@ -604,7 +604,7 @@ class ShotWorker:
 
     def _fail(self, message: str, rank: int | None, details: str = "") -> ShotWorkerError:
         if details:
-            logger.error("ShotWorker rank %s:\n%s", rank, details)
+            logger.error("ShotWorker: %s; the traceback a rank sent:\n%s", message, details)
         self.close(timeout_s=1.0)  # ranks blocked in a collective with the failed one never finish
         return ShotWorkerError(f"ShotWorker ({self.world_size} ranks): {message}", rank, details)
 
