@@ -24,11 +24,17 @@ for CI and development; its numbers mean nothing.
 Usage:
     python benchmarks/gpu_smoke.py [--work /tmp/smoke] [--runs default,fast] [--json OUT.json]
     python benchmarks/gpu_smoke.py --tiny --json /tmp/smoke.json
+    python benchmarks/gpu_smoke.py --gpus-per-shot 2 --runs default,fast   # 2-GPU sequence parallelism
+
+`--gpus-per-shot N` sets `infinitetalk.gpus_per_shot: N` in every run: the backend's ShotWorker ranks
+(GPUs 0..N-1) hold the models, so "models" is the ranks' start, chunk walls come from the chunk ends,
+DiT calls are not counted (they run in the ranks) and NVML peak memory is reported per GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -61,6 +67,7 @@ def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespa
         "infinitetalk.profile=true", "audio.length_policy=fit", f"infinitetalk.weights={root}",
     ]  # fmt: skip
     out += ["infinitetalk.device=cpu"] if args.tiny else ["infinitetalk.mode=infinitetalk-480"]
+    out += [f"infinitetalk.gpus_per_shot={args.gpus_per_shot}"] if args.gpus_per_shot > 1 else []
     if name == "default":
         out.append(f"infinitetalk.steps={args.default_steps}")
     elif name.startswith("fast"):  # the step-distill LoRA is found in the root by the preset itself
@@ -70,9 +77,9 @@ def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespa
 
 
 class GpuSampler:
-    """NVML utilisation and memory of GPU 0, sampled on a thread (no-op without a GPU or pynvml)."""
+    """NVML utilisation and memory of one GPU, sampled on a thread (no-op without a GPU or pynvml)."""
 
-    def __init__(self, period_s: float = 0.02):
+    def __init__(self, period_s: float = 0.02, index: int = 0):
         self.samples: list[tuple[float, int, int]] = []  # (time, util %, used bytes)
         self.period_s = period_s
         self._stop = threading.Event()
@@ -82,7 +89,7 @@ class GpuSampler:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception:  # no GPU, no NVML: nothing sampled
             self._nvml = None
 
@@ -113,6 +120,20 @@ class GpuSampler:
         return round(max(m for _, _, m in self.samples) / 2**30, 2) if self.samples else None
 
 
+def frames_digest(path: Path) -> str:
+    """SHA-256 of a video's decoded frames (the container's bytes differ between runs; the pixels must not)."""
+    import hashlib
+
+    from tasks.frames import iter_frames
+    from tasks.probe import probe
+
+    info = probe(path, frame_count="packets")
+    h = hashlib.sha256()
+    for frame in iter_frames(info, 0, info.frame_count):
+        h.update(frame.tobytes())
+    return h.hexdigest()
+
+
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
     """One config in this process: load the models, render the shot, return its figures."""
     import torch
@@ -133,12 +154,18 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     cuda = torch.cuda.is_available() and not args.tiny
     backend = it.InfiniteTalkBackend({}, config=cfg)
     t0 = time.perf_counter()
-    models = backend.models("dit", "vae", "clip")
+    calls: list[float] = []  # start time of every DiT call (in this process: gpus_per_shot 1 only)
+    if args.gpus_per_shot > 1:  # the ShotWorker's ranks load the models; none in this process
+        backend.shot_worker_config()
+        hook = None
+    else:
+        models = backend.models("dit", "vae", "clip")
+        hook = models["dit"].register_forward_pre_hook(
+            lambda module, inputs: calls.append(time.perf_counter())
+        )
     if cuda:
         torch.cuda.synchronize()
     models_s = time.perf_counter() - t0
-    calls: list[float] = []  # start time of every DiT call
-    hook = models["dit"].register_forward_pre_hook(lambda module, inputs: calls.append(time.perf_counter()))
 
     info = probe(work / "shot.mp4")
     run_dir = work / f"run-{args.one}"
@@ -157,14 +184,18 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     chunk_ends: list[float] = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    with GpuSampler() as sampler:
+    others = [GpuSampler(index=i) for i in range(1, args.gpus_per_shot)]  # the ranks' other GPUs
+    with GpuSampler() as sampler, contextlib.ExitStack() as stack:
+        for other in others:
+            stack.enter_context(other)
         t_shot = time.perf_counter()
         try:
             result = render_shot_result(
                 job, backend=backend, on_progress=lambda f: chunk_ends.append(time.perf_counter())
             )
         finally:
-            hook.remove()
+            if hook is not None:
+                hook.remove()
         shot_s = time.perf_counter() - t_shot
     t = result["timings_s"]
     from bench_shot import STAGES  # the per-shot benchmark's report rows (its "model load" row is 0 here)
@@ -172,12 +203,16 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     stages = {
         label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
     }
+    if "sp_chunk" in t:  # gpus_per_shot > 1: the ranks' whole chunk (DiT + VAE + CLIP), timed here
+        stages["SP chunk"] = t["sp_chunk"]
     stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
     seconds = plan.num_frames / float(info.fps)
     spec = backend.load_spec(resolve_device(backend.opts.device))
     per_chunk = max(1, len(calls) // len(plan.chunks))
     new_s = (plan.frame_num - plan.motion_frames) / plan.model_fps  # video seconds a middle chunk adds
     starts = [c - t_shot for c in calls[::per_chunk]]  # first DiT call of each chunk
+    if not calls:  # gpus_per_shot > 1: chunk walls between chunk ends instead
+        starts = [c - t_shot for c in chunk_ends]
     walls = [round(b - a, 2) for a, b in zip(starts, starts[1:], strict=False)]
     warmup = max(0.0, walls[0] - min(walls[1:])) if len(walls) > 1 else None  # compile warm-up in chunk 1
     # GPU idle: from chunk 2's first DiT call to the last chunk's last one (steady state, compile excluded)
@@ -218,8 +253,13 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "timings_s": t,
         "chunk_ends_s": [round(c - t_shot, 2) for c in chunk_ends],
         "gpu_idle_pct": idle,
-        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if cuda and args.gpus_per_shot == 1
+        else None,  # this process's allocator: the ranks' own with gpus_per_shot > 1 (NVML per GPU)
         "peak_nvml_gib": sampler.peak_used_gib(),
+        "peak_nvml_gib_per_gpu": [g.peak_used_gib() for g in (sampler, *others)],
+        "gpus_per_shot": args.gpus_per_shot,
+        "frames_sha256": frames_digest(Path(result["path"])),  # the same frames on 1 and N GPUs?
         "gpu_s_per_video_s": round(shot_s / seconds, 2),
         "gpu_s_per_video_s_steady": round(statistics.median(walls[1:]) / new_s, 2)
         if len(walls) > 1
@@ -329,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clip", default=None, help="use this shot instead of generating one")
     p.add_argument("--timeout", type=float, default=540, help="seconds per run")
     p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--gpus-per-shot", type=int, default=1, help="infinitetalk.gpus_per_shot of every run")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one run in this process
     args = p.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.tiny else 10.0)
@@ -356,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.seconds),
         ]
         cmd += ["--tiny"] if args.tiny else []
+        cmd += ["--gpus-per-shot", str(args.gpus_per_shot)]
         for s in args.set or []:
             cmd += ["--set", s]
         env = {**os.environ, "GPU_SMOKE_T0": repr(time.time())}

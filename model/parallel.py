@@ -20,7 +20,12 @@ With fewer latent frames than ranks a call runs replicated (every rank computes 
 
 `ShotWorker` starts N processes once per pool worker (one GPU each), builds the models once per
 rank, and then runs shot jobs: rank 0 takes each job record from the parent and broadcasts it, all
-ranks run the handler, rank 0 returns the result.
+ranks run the handler, rank 0 returns the result. A rank that fails (an exception, or killed by a
+signal, e.g. the OOM killer) fails the job with a one-line `ShotWorkerError` naming that rank; the
+worker then stops all its ranks and must be started again. Test hook, inert unless set: the environment
+variable DUBFLOW_SP_FAULT="RANK:JOB:FORWARD", present when the ranks start, makes rank RANK SIGKILL itself
+at the start of the FORWARD-th DiT forward of its JOB-th job (both counted from 1 since its setup), so a
+test can kill a rank mid-chunk deterministically.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import logging
 import math
 import os
 import queue
+import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -43,6 +50,8 @@ import torch.multiprocessing as mp
 from model.attention import attention
 
 logger = logging.getLogger(__name__)
+
+FAULT_ENV = "DUBFLOW_SP_FAULT"  # test hook, see the module docstring
 
 
 def balanced_shares(total: int, parts: int) -> tuple[int, ...]:
@@ -234,6 +243,8 @@ class SequenceParallel:
         self.writer_global_rank = dist.get_global_rank(group, 0) if self.distributed and group else 0
         self._owns_group = owns_group
         self._shards: dict[tuple[int, int], TokenShard] = {}  # per-grid shards of this run
+        self.forwards = 0  # DiT forwards (calls of `shard`) since the current job began
+        self.kill_at_forward: int | None = None  # the DUBFLOW_SP_FAULT test hook of this job; None = off
 
     @classmethod
     def init_from_env(cls, backend: str | None = None, *, timeout_s: float = 1800.0) -> SequenceParallel:
@@ -284,6 +295,10 @@ class SequenceParallel:
 
     def shard(self, grid: tuple[int, int, int]) -> TokenShard:
         """The hook for one forward on a (frames, rows, columns) token grid."""
+        self.forwards += 1
+        if self.kill_at_forward == self.forwards:  # test hook: die as an OOM-killed rank dies, mid-chunk
+            logger.warning("%s: rank %d kills itself at DiT forward %d", FAULT_ENV, self.rank, self.forwards)
+            os.kill(os.getpid(), signal.SIGKILL)
         frames, rows, cols = grid
         if self.world_size == 1 or frames < self.world_size:
             return LOCAL_SHARD  # too few frames to split: every rank computes everything
@@ -379,7 +394,34 @@ Handler = Callable[[SequenceParallel, Any, dict], Any]
 
 
 class ShotWorkerError(RuntimeError):
-    """A rank of a ShotWorker failed; the worker is closed and must be started again."""
+    """A rank of a ShotWorker failed; the worker is closed and must be started again.
+
+    The message is one line naming the rank; `rank` is that rank (None: no answer in time) and
+    `details` the failing rank's traceback where it sent one.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, details: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.details = details
+
+
+def fault_point(rank: int) -> tuple[int, int] | None:
+    """(job, forward) at which `rank` kills itself per DUBFLOW_SP_FAULT ("RANK:JOB:FORWARD"); None = off."""
+    value = os.environ.get(FAULT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        target, job, forward = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise ValueError(f"{FAULT_ENV}={value!r}: expected RANK:JOB:FORWARD (three integers)") from None
+    return (job, forward) if target == rank else None
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a traceback (the exception and its message)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no message)"
 
 
 def free_port() -> int:
@@ -409,14 +451,19 @@ def _rank_main(
         LOCAL_RANK=str(rank if devices is None else devices[rank]),
     )
     try:
+        fault = fault_point(rank)
         with SequenceParallel.init_from_env(backend) as sp:
             state = setup(sp)
             results.put(("ready", rank, None))
+            count = 0
             while True:
                 job = jobs.get() if sp.is_writer() else None
                 job = sp.broadcast_object(job)
                 if job is None:
                     break
+                count += 1
+                sp.forwards = 0
+                sp.kill_at_forward = fault[1] if fault is not None and fault[0] == count else None
                 out = handle(sp, state, job)
                 if sp.is_writer():
                     results.put(("done", rank, out))
@@ -471,11 +518,21 @@ class ShotWorker:
         )
         ready = 0
         while ready < self.world_size:
-            kind, rank, payload = self._next_result(self._start_timeout_s)
+            kind, rank, payload = self._next_result(self._start_timeout_s, "starting")
             if kind != "ready":
-                raise self._fail(f"rank {rank} reported {kind!r} before ready")
+                raise self._fail(f"rank {rank} reported {kind!r} before ready", rank)
             ready += 1
         return self
+
+    @property
+    def alive(self) -> bool:
+        """Started and every rank process still running (a rank may die between jobs, e.g. OOM-killed)."""
+        return self._procs is not None and all(p.is_alive() for p in self._procs.processes)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The rank processes' ids, rank 0 first (empty when not started)."""
+        return () if self._procs is None else tuple(p.pid for p in self._procs.processes)
 
     def run(self, job: dict, timeout_s: float | None = None) -> Any:
         """Run one job on all ranks; returns rank 0's result (raises ShotWorkerError if a rank fails)."""
@@ -484,26 +541,31 @@ class ShotWorker:
         if job is None:
             raise ValueError("ShotWorker.run: job must not be None (None ends the worker)")
         self._jobs.put(job)
-        kind, rank, payload = self._next_result(timeout_s)
+        kind, rank, payload = self._next_result(timeout_s, "running a job")
         if kind != "done":
-            raise self._fail(f"rank {rank} reported {kind!r} while running a job")
+            raise self._fail(f"rank {rank} reported {kind!r} while running a job", rank)
         return payload
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Ask the ranks to finish and join them (those that do not exit in time are terminated)."""
+        """Ask the ranks to finish and join them (those that do not exit in time are terminated, then
+        killed): no rank process outlives this call."""
         if self._procs is None:
             return
         procs, self._procs = self._procs, None
-        if all(p.is_alive() for p in procs.processes):
+        if all(p.is_alive() for p in procs.processes):  # else the others cannot finish without the dead one
             self._jobs.put(None)
-        for p in procs.processes:
-            p.join(timeout_s)
-        for p in procs.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+            for p in procs.processes:
+                p.join(timeout_s)
+        for stop in ("terminate", "kill"):
+            for p in procs.processes:
+                if p.is_alive():
+                    getattr(p, stop)()
+                    p.join(5)
+        for q in (self._jobs, self._results):
+            q.cancel_join_thread()  # a job no rank read must not block this process's exit
+            q.close()
 
-    def _next_result(self, timeout_s: float | None) -> tuple[str, int, Any]:
+    def _next_result(self, timeout_s: float | None, doing: str) -> tuple[str, int, Any]:
         """Next message from the ranks; raises if one reports an error or a rank dies silently."""
         waited = 0.0
         while True:
@@ -511,22 +573,50 @@ class ShotWorker:
                 kind, rank, payload = self._results.get(timeout=1.0)
             except queue.Empty:
                 waited += 1.0
-                dead = [i for i, p in enumerate(self._procs.processes) if not p.is_alive()]
-                if dead:
-                    raise self._fail(f"rank(s) {dead} exited") from None
+                if any(not p.is_alive() for p in self._procs.processes):
+                    raise self._dead(None, "", doing) from None
                 if timeout_s is not None and waited >= timeout_s:
-                    raise self._fail(f"no answer within {timeout_s:.0f} s") from None
+                    raise self._fail(f"no answer within {timeout_s:.0f} s while {doing}", None) from None
                 continue
             if kind == "error":
-                raise self._fail(f"rank {rank} failed:\n{payload}")
+                raise self._dead(rank, payload, doing)
             return kind, rank, payload
 
-    def _fail(self, message: str) -> ShotWorkerError:
+    def _dead(self, reporter: int | None, trace: str, doing: str) -> ShotWorkerError:
+        """The error for a failed rank: one killed by a signal (its peers then fail in their collectives
+        and report that) is named first, else the rank that reported, else the one that exited."""
+        procs = self._procs.processes
+        deadline = time.monotonic() + 2.0  # the reporter exits right after its report; by then a rank
+        while reporter is not None and procs[reporter].exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # killed before it shows its exit code
+        codes = [p.exitcode for p in procs]
+        killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
+        if killed:
+            r = killed[0]
+            message = f"rank {r} (pid {procs[r].pid}) was killed by {_signal_name(-codes[r])} while {doing}"
+            if reporter is not None and reporter != r:
+                message += f"; rank {reporter} then failed: {_last_line(trace)}"
+            return self._fail(message, r, trace)
+        if reporter is not None:
+            return self._fail(f"rank {reporter} failed while {doing}: {_last_line(trace)}", reporter, trace)
+        r = next(r for r, c in enumerate(codes) if c is not None)
+        return self._fail(f"rank {r} (pid {procs[r].pid}) exited with code {codes[r]} while {doing}", r)
+
+    def _fail(self, message: str, rank: int | None, details: str = "") -> ShotWorkerError:
+        if details:
+            logger.error("ShotWorker: %s; the traceback a rank sent:\n%s", message, details)
         self.close(timeout_s=1.0)  # ranks blocked in a collective with the failed one never finish
-        return ShotWorkerError(f"ShotWorker ({self.world_size} ranks): {message}")
+        return ShotWorkerError(f"ShotWorker ({self.world_size} ranks): {message}", rank, details)
 
     def __enter__(self) -> ShotWorker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

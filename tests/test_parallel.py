@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from model.parallel import (
+    FAULT_ENV,
     LOCAL_SHARD,
     RankZeroCodec,
     SequenceParallel,
@@ -23,6 +24,7 @@ from model.parallel import (
     ShotWorkerError,
     UlyssesShard,
     balanced_shares,
+    fault_point,
 )
 from tests.parity.common import rel_err
 
@@ -141,6 +143,14 @@ def rank_handle(sp: SequenceParallel, state, job: dict):
             raise RuntimeError("requested failure")
         sp.barrier()  # the other ranks wait in a collective, as they would mid-shot
         return None
+    if kind == "backend":  # a forward under another attention backend; its error comes back as text
+        model.attn_backend = job["backend"]
+        try:
+            return {"error": None, "out": run_forward(model, job["case"])}
+        except Exception as exc:  # noqa: BLE001 (the test checks the message)
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            model.attn_backend = "auto"
     if kind == "forward":
         outs = [run_forward(model, job["case"])]
     elif kind == "teacache":
@@ -214,6 +224,18 @@ def test_single_process_is_the_identity_hook(parts, monkeypatch):
         model.sp = None
 
 
+def test_the_rank_fault_hook_is_inert_unless_set(monkeypatch):
+    """DUBFLOW_SP_FAULT (the test hook that SIGKILLs a rank mid-job) does nothing unset; a bad value is
+    one clear error (a rank reports it at start)."""
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    assert fault_point(0) is None and fault_point(1) is None
+    monkeypatch.setenv(FAULT_ENV, "1:3:2")
+    assert fault_point(1) == (3, 2) and fault_point(0) is None
+    monkeypatch.setenv(FAULT_ENV, "1:x")
+    with pytest.raises(ValueError, match=r"DUBFLOW_SP_FAULT='1:x': expected RANK:JOB:FORWARD"):
+        fault_point(0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Two gloo ranks against one process
 # ----------------------------------------------------------------------------------------------
@@ -255,6 +277,23 @@ def test_streamed_shot_matches_single_process(worker, parts):
     # The frames pass the latents (here ~6e-7 apart) through the random tiny VAE and the Lab colour
     # transfer, which amplify a relative perturbation about 7x and 8x (measured): ~4e-5.
     assert rel_err(got["outs"][0], expected[0]) < 2e-4
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["cudnn", "cudnn_fp8"])
+def test_cudnn_backends_under_sequence_parallelism_say_what_is_missing_on_a_cpu(worker, backend):
+    """The cuDNN frontend backends are selected per rank (`attn_backend`, set by the loader's fp8_attention)
+    and reached by the Ulysses self-attention with the rank's head share; without CUDA and the frontend
+    every rank stops there with the same clear error (so no rank waits in a collective), and the ranks
+    stay usable. Their numbers under SP need two GPUs (test_cudnn_backends_under_sp_track_one_gpu)."""
+    from model import cudnn_attention
+
+    if cudnn_attention.available():
+        pytest.skip("the cuDNN frontend is usable here: the two-GPU test below covers it")
+    got = worker.run({"kind": "backend", "backend": backend, "case": "one_speaker_even"}, timeout_s=300)
+    assert got["error"] is not None and "nvidia-cudnn-frontend" in got["error"], got
+    again = worker.run({"kind": "forward", "case": "one_speaker_even"}, timeout_s=300)
+    assert again["spread"] == 0.0
 
 
 # ----------------------------------------------------------------------------------------------

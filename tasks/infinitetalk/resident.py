@@ -112,8 +112,8 @@ class ResidentModels:
             tiling,
         )
         with self._lock:
-            if self._worker is not None and self._worker_key != key:
-                self._close_worker()
+            if self._worker is not None and (self._worker_key != key or not self._worker.alive):
+                self._close_worker()  # another setting, or a rank died since the last shot: start afresh
             if self._worker is None:
                 worker = ShotWorker(
                     world_size,
