@@ -214,7 +214,7 @@ class SpeakerConfig:
 
     detect_every: int  # the face detector runs on every k-th frame; boxes are interpolated in between
     detect_max_side: int  # analysis frames (display orientation) are downscaled to this longest side
-    detect_threshold: float  # YuNet confidence
+    detect_threshold: float  # RetinaFace confidence
     min_face_px: float  # smaller faces (analysis pixels, short side) are ignored
     track_max_miss: int  # detection samples a track may miss before it ends
     activity_on: float  # mouth activity above this: the lips move
