@@ -195,6 +195,7 @@ class RegionSettings:
     mode: Literal["region", "full"]
     motion: Literal["auto", "static", "follow"]
     feather_px: int
+    switch_blend_frames: int  # a speaker switch inside a shot: each face fades to/from the source over this
     expand_w: float
     expand_h: float
 
