@@ -11,18 +11,21 @@ import pytest
 
 import tasks.infinitetalk.resident as it
 from tasks.audio import prepare_dialogue, slice_bounds
+from tasks.backend import ShotDecision
 from tasks.config import PlanConfig, load_config
+from tasks.gate import DubRegion
 from tasks.infinitetalk import ResidentModels, check_plan_agreement, ensure_tiny_root
+from tasks.intermediates import write_marker
 from tasks.plan import plan_shot, split_at
 from tasks.probe import probe
 from tasks.region import switch_weights
 from tasks.render import ShotJob, render_shot_result
-from tasks.shot_decision import decide_shot, decision_regions, faces_path, switch_frames
+from tasks.shot_decision import decide_shot, decision_regions, switch_frames
 from tasks.shots import Shot
 from tests.media import decode_all
 from tests.speaker_cases import FPS, SR, cases, encode, side_of
 
-START, END = 0, 125  # the turn-taking case (the left speaker's turn ends at frame 62): one chunk per part
+START, END = 36, 96  # frames of the turn-taking case around its switch (the left turn ends at frame 62)
 
 
 @pytest.mark.parametrize("fps", [Fraction(25), Fraction(24000, 1001), Fraction(30)])
@@ -52,20 +55,32 @@ def test_switch_weights_fade_each_face_around_the_switch():
 
 @pytest.fixture(scope="module")
 def switched(tmp_path_factory):
-    """The composed turn-taking case (left speaks, then the right one) rendered as one shot (tiny model)."""
+    """The composed turn-taking case (left speaks, then the right one): decided whole, then frames
+    [START, END) around the switch rendered as one shot with that decision (tiny model)."""
     root = tmp_path_factory.mktemp("switch")
     ensure_tiny_root(root / "ws" / ".cache")
     case = cases()["turn_taking"]
-    frames, audio = case.frames[START:END], case.audio[START * SR // FPS : END * SR // FPS]
-    film = encode(root / "film.mp4", frames, audio)
+    whole = probe(encode(root / "whole.mp4", case.frames, case.audio))
+    cfg = load_config(overrides=["backend.name=infinitetalk", f"workspace.root={root / 'ws'}"])
+    full = decide_shot(0, 0, whole.frame_count, whole, case.audio, SR, cfg)
+    n = END - START
+    regions = [
+        DubRegion(
+            max(0, r.start_frame - START), min(n, r.end_frame - START), r.speaker, r.score, r.status, r.plan
+        )
+        for r in decision_regions(full)
+        if r.end_frame > START and r.start_frame < END
+    ]  # static crops (the seeds barely move), so the plans hold for the cut too
+    decision = ShotDecision(
+        full.dub, full.reason, {**full.details, "regions": [r.to_dict() for r in regions]}
+    )
+    audio = case.audio[START * SR // FPS : END * SR // FPS]
+    film = encode(root / "film.mp4", case.frames[START:END], audio)
     dub = root / "dub.wav"
     import soundfile as sf
 
     sf.write(dub, audio, SR)
-    cfg = load_config(overrides=["backend.name=infinitetalk", f"workspace.root={root / 'ws'}"])
     info = probe(film)
-    n = info.frame_count
-    decision = decide_shot(0, 0, n, info, audio, SR, cfg, faces_path(root / "work", 0, 0, n, cfg))
     track = prepare_dialogue(
         dub, frame_count=info.frame_count, fps=info.fps, cfg=cfg.audio, out_wav=root / "work" / "dialogue.wav"
     )
@@ -75,6 +90,8 @@ def switched(tmp_path_factory):
         info.to_dict(), plan.to_dict(), track.to_dict(), bounds, str(root / "shot.mkv"), cfg.to_dict(),
         work_dir=str(root / "work"),
     )  # fmt: skip
+    (root / "shot.chunks").mkdir()
+    write_marker(root / "shot.chunks" / "decision.json", decision.to_dict())  # the gate's, as if taken here
     old, it.RESIDENT = it.RESIDENT, ResidentModels()
     try:
         result = render_shot_result(job)
@@ -88,7 +105,7 @@ def test_the_plan_splits_at_the_switch_and_each_face_fades(switched):
     regions = decision_regions(decision)
     assert [side_of(r.plan.face_box or r.plan.box) for r in regions] == ["left", "right"], decision.reason
     switch = regions[1].start_frame
-    assert abs((START + switch) / FPS - case.truth[1][0]) <= 0.5
+    assert abs((START + switch) / FPS - case.truth[1][0]) <= 0.5  # the turn-taking test's tolerance
     split = split_at(plan, switch_frames(decision))
     assert split.switches == (switch,) and switch not in [c.src_start for c in plan.chunks]
     assert switch in [c.src_start for c in split.chunks]  # a chunk (a part's first) starts at the switch
