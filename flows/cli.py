@@ -6,7 +6,7 @@
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
     dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/plan_file.py)
     dubflow estimate SOURCE --audio DUB [--config FILE] [--set ...] [--json]  # shots to dub, GPU time
-    dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q]
+    dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q] [--multi]
 
 `dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else
 Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain calls. `shots` and
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (verify, download):
         p.add_argument("--mode", default="infinitetalk-480", help="infinitetalk-480 | infinitetalk-720")
         p.add_argument("--quant", default="none", help="none | fp8 | int8")
+        p.add_argument(
+            "--multi", action="store_true", help="also the multi-person checkpoint (two speakers at once)"
+        )
     return parser
 
 
@@ -232,18 +235,23 @@ def cmd_dub(args: argparse.Namespace) -> int:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from model.weights import download_weights, verify_weights
+    from model.weights import download_weights, has_multi, verify_weights
 
     if args.weights_command == "verify":
-        problems = verify_weights(Path(args.dir), args.mode, args.quant)
+        problems = verify_weights(Path(args.dir), args.mode, args.quant, multi=args.multi)
         for p in problems:
             print(p)
         if problems:
             print(f"dubflow: error: {args.dir}: {len(problems)} problem(s) with the weights", file=sys.stderr)
             return 1
-        print(f"{args.dir}: weights OK ({args.mode}, quant {args.quant})")
+        multi = (
+            "multi-person checkpoint present"
+            if has_multi(Path(args.dir), args.quant, args.mode)
+            else "no multi-person checkpoint: two-speaker segments dub the louder speaker"
+        )
+        print(f"{args.dir}: weights OK ({args.mode}, quant {args.quant}; {multi})")
         return 0
-    print(download_weights(Path(args.to), args.mode, args.quant))
+    print(download_weights(Path(args.to), args.mode, args.quant, multi=args.multi))
     return 0
 
 

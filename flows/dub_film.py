@@ -269,7 +269,7 @@ def run_pipeline(
     plans = runner.call(plan_shots, shots, cfgd, name=name)
     records = shot_records(shots, plans, track)
     if plan:
-        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name)
+        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name, video=video)
     records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name)
     runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
     film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd}
@@ -356,12 +356,13 @@ def run_pipeline(
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
     """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
+    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
+
     decision = record.get("decision")
-    return (
-        0.0
-        if decision is not None and not decision["dub"]
-        else cost.shot_s(ShotPlan.from_dict(record["plan"]))
-    )
+    if decision is not None and not decision["dub"]:
+        return 0.0
+    regions = ((decision or {}).get("details") or {}).get("regions") or []  # two speakers: the multi DiT load
+    return cost.shot_s(ShotPlan.from_dict(record["plan"])) + switch_load_s(regions, cost.model_load_s)
 
 
 # ---------------------------------------------------------------------------------------- entries

@@ -31,6 +31,7 @@ from flows.workspace import (
 from tasks.assemble import AudioSource, assemble
 from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.config import PipelineConfig, load_config
+from tasks.errors import ConfigError
 from tasks.intermediates import IntermediateError
 from tasks.plan import plan_film
 from tasks.plan_file import plan_overrides
@@ -39,7 +40,7 @@ from tasks.probe import VideoInfo, probe
 from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tasks.shot_key import shot_config, shot_inputs
 from tasks.shots import ShotList, detect_shots
-from tasks.timeline_export import film_timeline, write_timeline
+from tasks.timeline_export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +138,25 @@ def plan_shots(shots: dict[str, Any], config: dict[str, Any], name: str = "") ->
 
 
 @task(task_run_name="plan file {name}")
-def apply_plan_file(path: str, records: list[dict[str, Any]], config: dict[str, Any], name: str = "") -> list:
-    """The records with each shot's overrides from the editable shot plan at `path` (`tasks.plan_file`)."""
+def apply_plan_file(
+    path: str,
+    records: list[dict[str, Any]],
+    config: dict[str, Any],
+    name: str = "",
+    video: dict[str, Any] | None = None,
+) -> list:
+    """The records with each shot's overrides from the editable shot plan at `path` (`tasks.plan_file`;
+    crops checked against `video`'s display frame), each naming the plan (`plan_file`) for later errors."""
     spans = [
         {"index": r["index"], **{k: r["plan"][k] for k in ("start_frame", "end_frame")}} for r in records
     ]
-    overrides = plan_overrides(path, config, spans)
+    frame_hw = None if video is None else VideoInfo.from_dict(video).display_size[::-1]
+    overrides = plan_overrides(path, config, spans, frame_hw)
     run_logger(log).info("%s: overrides for shot(s) %s", path, sorted(overrides) or "none")
-    return [{**r, "overrides": overrides[r["index"]]} if r["index"] in overrides else r for r in records]
+    return [
+        {**r, "overrides": overrides[r["index"]], "plan_file": path} if r["index"] in overrides else r
+        for r in records
+    ]
 
 
 @task(task_run_name="keys {name}")
@@ -189,12 +201,17 @@ def decide_speakers(
     track = DialogueTrack.from_dict(dialogue)
     logger = run_logger(log)
     out: dict[int, dict[str, Any]] = {}
-    for r in records:
+    for r in sorted(records, key=lambda r: "plan_file" not in r):  # a plan's bad speaker fails first
         plan, (a, b) = r["plan"], r["audio_range"]
         cfg = PipelineConfig.from_dict(shot_config(config, r.get("overrides")))
         s, e = plan["start_frame"], plan["end_frame"]
         cache = faces_path(work_dir, r["index"], s, e, cfg)
-        d = decide_shot(r["index"], s, e, info, read_samples(track, a, b), track.sample_rate, cfg, cache)
+        try:
+            d = decide_shot(r["index"], s, e, info, read_samples(track, a, b), track.sample_rate, cfg, cache)
+        except ConfigError as ex:  # e.g. the plan's speaker is no face track of the shot: name the plan
+            if "plan_file" not in r or ex.path != "gate":
+                raise
+            raise ConfigError(r["plan_file"], ex.problem) from ex
         out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"])}
         logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
     return out
@@ -301,7 +318,8 @@ def export_timeline(
     name: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
-    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes."""
+    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
+    `timeline.edl` / `timeline.fcp_xml` also `<out stem>.edl` / `.xml`."""
     cfg = PipelineConfig.from_dict(config)
     shots = [
         {
@@ -316,4 +334,7 @@ def export_timeline(
     )
     path = write_timeline(Path(out).with_suffix(".otio"), timeline)
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
+    formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
+    for extra in write_extra_timelines(Path(out), timeline, formats):
+        run_logger(log).info("edit-suite timeline %s", extra)
     return str(path)

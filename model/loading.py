@@ -54,6 +54,8 @@ class LoadSpec:
     # DiT blocks streamed from pinned host memory (`model.offload.BlockOffload`): the DiT is built,
     # LoRA-merged and fp8-converted on the host, so its full weights never sit on the device at once
     offload: bool = False
+    # the DiT from the multi (two-person) checkpoint (`WeightsLayout.multi`, same keys as single)
+    multi: bool = False
     # why offload is on or off (logged by load_models; not compared, so not part of a cache key)
     offload_reason: str = dataclasses.field(default="", compare=False)
 
@@ -102,8 +104,9 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
     if spec.quant != "none":
         from model.quant import load_quant_dit  # noqa: PLC0415 (imports optimum-quanto)
 
-        return load_quant_dit(wan, root / layout.quant_file(spec.quant), dtype=spec.dtype, device=device)
-    dit = load_dit(wan, root / layout.infinitetalk, dtype=spec.dtype, device=device)
+        qfile = root / layout.quant_file(spec.quant, spec.multi)
+        return load_quant_dit(wan, qfile, dtype=spec.dtype, device=device)
+    dit = load_dit(wan, root / layout.dit_file("none", spec.multi), dtype=spec.dtype, device=device)
     for path, scale in spec.loras:
         merge_lora(dit, Path(path), scale, device=spec.device)  # computed where it will run
     return dit
@@ -199,5 +202,8 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
     if "audio" in want:
         models.audio = load_wav2vec(root / layout.wav2vec_dir, dtype=spec.audio_dtype, device=spec.device)
     _cross_check(models, root, layout)
-    log.info("loaded %s from %s (%s, quant %s)", ", ".join(spec.components), root, spec.device, spec.quant)
+    log.info(
+        "loaded %s from %s (%s, quant %s%s)", ", ".join(spec.components), root, spec.device, spec.quant,
+        ", multi-person DiT" if spec.multi and models.dit is not None else "",
+    )  # fmt: skip
     return models

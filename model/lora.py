@@ -1,9 +1,11 @@
-"""Merge LoRA / weight-difference files into a loaded DiT (lightx2v, FusionX and similar Wan LoRAs).
+"""Merge LoRA / weight-difference files into a loaded DiT (lightx2v, FusionX, SimpleTuner / diffusers Wan LoRAs).
 
-Key formats (all under the `diffusion_model.` prefix, `<p>` = a DiT parameter's module path):
+Key formats (`<p>` = a DiT module path, after a `diffusion_model.`, `transformer.` or PEFT
+`base_model.model.` prefix; official Wan names, or diffusers' `WanTransformer3DModel` names, which
+`model.lora_keys` translates, one naming per file):
   `<p>.lora_down.weight` + `<p>.lora_up.weight` [+ `<p>.alpha`]  ->  W += scale * (alpha / rank) * up @ down
   `<p>.lora_A.weight` + `<p>.lora_B.weight` (PEFT spelling of the same)
-  `<p>.diff`   -> W += scale * diff        `<p>.diff_b` -> bias += scale * diff_b
+  `<p>.diff`   -> W += scale * diff        `<p>.diff_b` / `<p>.lora_B.bias` -> bias += scale * diff_b
 Without an `alpha` key the factor alpha / rank is 1. (The official InfiniteTalk merge ignores `alpha`
 altogether; the common Wan LoRAs store alpha == rank, where both agree.) Every key must be
 understood and every target must exist with the right shape, otherwise nothing is merged and the
@@ -15,17 +17,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from model.checkpoint import CheckpointError
+from model.lora_keys import file_naming, official_path, split_key
 
 log = logging.getLogger(__name__)
-
-PREFIX = "diffusion_model."
-_DOWN = (".lora_down.weight", ".lora_A.weight")
-_UP = (".lora_up.weight", ".lora_B.weight")
 
 
 class LoraError(CheckpointError):
@@ -41,6 +41,7 @@ class LoraUpdate:
     up: torch.Tensor | None = None  # (out, r, *1)
     diff: torch.Tensor | None = None
     factor: float = 1.0  # alpha / rank
+    key: str = ""  # the file's key it came from (for error messages)
 
     def fits(self, shape: torch.Size) -> bool:
         """Whether the update reshapes onto a parameter of `shape` (checked before any merge)."""
@@ -58,37 +59,49 @@ class LoraUpdate:
 
 
 def parse_lora(tensors: dict[str, torch.Tensor], source: str) -> list[LoraUpdate]:
-    """Group a LoRA file's tensors into updates; unknown or unpaired keys raise LoraError."""
-    groups: dict[str, dict[str, torch.Tensor]] = {}
-    updates: list[LoraUpdate] = []
-    unknown = []
-    for key, t in tensors.items():
-        if not key.startswith(PREFIX):
-            unknown.append(key)
-            continue
-        name = key[len(PREFIX) :]
-        if name.endswith(_DOWN + _UP):
-            suffix = next(s for s in _DOWN + _UP if name.endswith(s))
-            groups.setdefault(name[: -len(suffix)], {})["down" if suffix in _DOWN else "up"] = t
-        elif name.endswith(".alpha"):
-            groups.setdefault(name[: -len(".alpha")], {})["alpha"] = t
-        elif name.endswith(".diff_b"):
-            updates.append(LoraUpdate(target=name[: -len(".diff_b")] + ".bias", diff=t))
-        elif name.endswith(".diff"):
-            updates.append(LoraUpdate(target=name[: -len(".diff")] + ".weight", diff=t))
-        else:
-            unknown.append(key)
+    """Group a LoRA file's tensors into updates on official parameter names (diffusers names translated);
+    unknown, unpaired or repeated keys raise LoraError naming `source` and the file's keys."""
+    parts = {key: split_key(key) for key in tensors}
+    unknown = sorted(k for k, p in parts.items() if p is None)
     if unknown:
-        raise LoraError(f"{source}: unrecognised LoRA key(s): {', '.join(sorted(unknown)[:8])}")
-    unpaired = sorted(PREFIX + base for base, g in groups.items() if "down" not in g or "up" not in g)
+        raise LoraError(f"{source}: unrecognised LoRA key(s): {', '.join(unknown[:8])}")
+    naming = file_naming(p for p in parts.values() if p is not None)
+    # official module path -> {"down" / "up" / "alpha": tensor, "key": the file's first key of it}
+    groups: dict[str, dict[str, Any]] = {}
+    diffs: dict[str, LoraUpdate] = {}
+    mixed, repeated = [], []
+    for key, (_, path, kind) in ((k, p) for k, p in parts.items() if p is not None):
+        module = path if naming == "official" else official_path(path)
+        if module is None:
+            mixed.append(key)
+        elif kind in ("diff", "diff_b"):
+            target = module + (".weight" if kind == "diff" else ".bias")
+            if target in diffs:
+                repeated.append(key)
+            diffs[target] = LoraUpdate(target=target, diff=tensors[key], key=key)
+        else:
+            group = groups.setdefault(module, {"key": key})
+            if kind in group:
+                repeated.append(key)
+            group[kind] = tensors[key]
+    if mixed:
+        raise LoraError(
+            f"{source}: diffusers-named LoRA also uses official key(s): {', '.join(sorted(mixed)[:8])}"
+        )
+    if repeated:
+        raise LoraError(f"{source}: more than one key for the same update: {', '.join(sorted(repeated)[:8])}")
+    unpaired = sorted(g["key"] for g in groups.values() if "down" not in g or "up" not in g)
     if unpaired:
         raise LoraError(f"{source}: lora_down/lora_up pair incomplete for: {', '.join(unpaired[:8])}")
-    for base, g in groups.items():
+    updates = list(diffs.values())
+    for module, g in groups.items():
         rank = g["down"].shape[0]
         if g["up"].shape[1] != rank:
-            raise LoraError(f"{source}: {PREFIX}{base}: up rank {g['up'].shape[1]} != down rank {rank}")
+            raise LoraError(f"{source}: {g['key']}: up rank {g['up'].shape[1]} != down rank {rank}")
         factor = float(g["alpha"].float().reshape(-1)[0]) / rank if "alpha" in g else 1.0
-        updates.append(LoraUpdate(target=base + ".weight", down=g["down"], up=g["up"], factor=factor))
+        updates.append(
+            LoraUpdate(target=module + ".weight", down=g["down"], up=g["up"], factor=factor, key=g["key"])
+        )
     return updates
 
 
@@ -117,11 +130,11 @@ def merge_lora(
     path = Path(path)
     updates = parse_lora(read_lora(path), str(path))
     params = dict(model.named_parameters())
-    missing = sorted(PREFIX + u.target for u in updates if u.target not in params)
+    missing = sorted(f"{u.key} ({u.target})" for u in updates if u.target not in params)
     if missing:
         raise LoraError(f"{path}: LoRA targets not in the model: {', '.join(missing[:8])}")
     misfit = [
-        f"{PREFIX}{u.target} {tuple(params[u.target].shape)}"
+        f"{u.key} ({u.target} {tuple(params[u.target].shape)})"
         for u in updates
         if not u.fits(params[u.target].shape)
     ]

@@ -353,10 +353,22 @@ def write_tiny_quant(
     return out_file
 
 
-def write_tiny_root(root: Path | str, seed: int = 0, *, quants: tuple[str, ...] = ()) -> Path:
+def write_tiny_multi(infinitetalk_file: Path | str, config: DiTConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The multi (two-person) InfiniteTalk file: the single file's keys and shapes, other random values."""
+    state = random_dit_state(config, seed)
+    audio = {k: state[k] for k in sorted(state) if is_audio_key(k)}
+    Path(infinitetalk_file).parent.mkdir(parents=True, exist_ok=True)
+    save_file(audio, str(infinitetalk_file), metadata={"format": "pt"})
+    return audio
+
+
+def write_tiny_root(
+    root: Path | str, seed: int = 0, *, quants: tuple[str, ...] = (), multi: bool = True
+) -> Path:
     """Write a complete tiny weights root in the official layout (see `model.weights`) that
     `load_models` reads exactly like the real one: tiny DiT (3 shards + index + InfiniteTalk file),
-    VAE, umT5 + tokenizer, CLIP (vision + text tower), wav2vec2 folder, optional quantized DiTs."""
+    the multi InfiniteTalk file (unless `multi=False`; seeded apart from single), VAE, umT5 + tokenizer,
+    CLIP (vision + text tower), wav2vec2 folder, optional quantized DiTs."""
     from model.config import DIT_PRESETS  # noqa: PLC0415
     from model.weights import WeightsLayout  # noqa: PLC0415
 
@@ -365,6 +377,8 @@ def write_tiny_root(root: Path | str, seed: int = 0, *, quants: tuple[str, ...] 
     wan = root / layout.wan_dir
     config = DIT_PRESETS["tiny"]
     write_tiny_dit(wan, root / layout.infinitetalk, config, seed)
+    if multi:
+        write_tiny_multi(root / layout.multi, config, seed + 5)
     write_tiny_vae(wan / layout.vae, seed + 1, z_dim=config.out_dim)
     write_tiny_t5(wan / layout.t5, seed + 2, dim=config.text_dim)
     write_tiny_tokenizer(wan / layout.tokenizer)

@@ -7,7 +7,13 @@ Layout of a weights root (as the official README downloads it):
                            models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth
     chinese-wav2vec2-base/ config.json, preprocessor_config.json, model.safetensors (or pytorch_model.bin)
     InfiniteTalk/          single/infinitetalk.safetensors,
-                           quant_models/infinitetalk_single_{fp8,int8}.safetensors + .json (optional)
+                           quant_models/infinitetalk_single_{fp8,int8}.safetensors + .json (optional),
+                           multi/infinitetalk.safetensors (optional: the two-person checkpoint, same keys
+                           as single), quant_models/infinitetalk_multi_{fp8,int8}.safetensors + .json
+
+The multi checkpoint is an optional component: a root without it is valid (two-speaker segments then fall
+back to the louder speaker); `verify_weights(..., multi=True)` requires it, otherwise it is checked only
+when present.
 
 `verify_weights` reads only headers (safetensors JSON header vs file size, zip directories of .pth
 files, the shard index vs each shard's keys), so it is fast even on the 80 GB real root.
@@ -41,9 +47,18 @@ class WeightsLayout:
     infinitetalk: str = "InfiniteTalk/single/infinitetalk.safetensors"
     quant_dir: str = "InfiniteTalk/quant_models"
     quant_stem: str = "infinitetalk_single"
+    multi: str = "InfiniteTalk/multi/infinitetalk.safetensors"  # two-person checkpoint (optional)
+    quant_stem_multi: str = "infinitetalk_multi"
 
-    def quant_file(self, quant: str) -> str:
-        return f"{self.quant_dir}/{self.quant_stem}_{quant}.safetensors"
+    def quant_file(self, quant: str, multi: bool = False) -> str:
+        stem = self.quant_stem_multi if multi else self.quant_stem
+        return f"{self.quant_dir}/{stem}_{quant}.safetensors"
+
+    def dit_file(self, quant: str, multi: bool = False) -> str:
+        """The InfiniteTalk DiT file of a quantization (none: the audio-weights file over the Wan shards)."""
+        if quant == "none":
+            return self.multi if multi else self.infinitetalk
+        return self.quant_file(quant, multi)
 
 
 # 480P and 720P generation share every file (InfiniteTalk runs on the 480P Wan2.1 checkpoint).
@@ -206,8 +221,26 @@ def _check_wav2vec(w_dir: Path) -> list[str]:
     return problems
 
 
-def verify_weights(root: Path, mode: str = "infinitetalk-480", quant: str = "none") -> list[str]:
-    """Problems with the weights root for `mode` / `quant` (empty list = everything present and intact)."""
+def _check_dit_file(root: Path, layout: WeightsLayout, quant: str, multi: bool) -> list[str]:
+    path = root / layout.dit_file(quant, multi)
+    problems = _check_safetensors(path)
+    if quant != "none":
+        problems += _check_json(path.with_suffix(".json"))
+    return problems
+
+
+def has_multi(root: Path, quant: str = "none", mode: str = "infinitetalk-480") -> bool:
+    """Whether the root holds the multi (two-person) checkpoint of `quant` (presence only)."""
+    path = Path(root) / layout_for(mode, quant).dit_file(quant, multi=True)
+    return path.is_file() and (quant == "none" or path.with_suffix(".json").is_file())
+
+
+def verify_weights(
+    root: Path, mode: str = "infinitetalk-480", quant: str = "none", multi: bool = False
+) -> list[str]:
+    """Problems with the weights root for `mode` / `quant` (empty list = everything present and intact).
+
+    The multi checkpoint is required with `multi=True`; otherwise it is checked only when present."""
     layout = layout_for(mode, quant)
     root = Path(root)
     if not root.is_dir():
@@ -216,10 +249,9 @@ def verify_weights(root: Path, mode: str = "infinitetalk-480", quant: str = "non
     problems = _check_json(wan / "config.json")
     if quant == "none":
         problems += _check_dit_shards(wan)
-        problems += _check_safetensors(root / layout.infinitetalk)
-    else:
-        qfile = root / layout.quant_file(quant)
-        problems += _check_safetensors(qfile) + _check_json(qfile.with_suffix(".json"))
+    problems += _check_dit_file(root, layout, quant, multi=False)
+    if multi or (root / layout.dit_file(quant, multi=True)).exists():
+        problems += _check_dit_file(root, layout, quant, multi=True)
     problems += _check_torch_zip(wan / layout.vae)
     problems += _check_torch_zip(wan / layout.t5)
     problems += _check_tokenizer(wan / layout.tokenizer)
@@ -232,8 +264,12 @@ def verify_weights(root: Path, mode: str = "infinitetalk-480", quant: str = "non
 # download (pinned revisions; only the files the mode needs)
 
 
-def download_weights(to: Path, mode: str = "infinitetalk-480", quant: str = "none") -> Path:
-    """Fetch the files of `mode` / `quant` from the Hugging Face Hub into `to` (official layout); returns `to`."""
+def download_weights(
+    to: Path, mode: str = "infinitetalk-480", quant: str = "none", multi: bool = False
+) -> Path:
+    """Fetch the files of `mode` / `quant` from the Hugging Face Hub into `to` (official layout); returns `to`.
+
+    `multi` adds the two-person checkpoint of that quantization."""
     from huggingface_hub import hf_hub_download, snapshot_download  # noqa: PLC0415 (network only)
 
     layout = layout_for(mode, quant)
@@ -260,9 +296,11 @@ def download_weights(to: Path, mode: str = "infinitetalk-480", quant: str = "non
         local_dir=to / WAV2VEC_HUB.local_dir,
     )
     it_prefix = INFINITETALK_HUB.local_dir + "/"
-    it_files = [layout.infinitetalk] if quant == "none" else [layout.quant_file(quant)]
-    if quant != "none":
-        it_files.append(str(Path(layout.quant_file(quant)).with_suffix(".json")))
+    it_files = []
+    for person in (False, True) if multi else (False,):
+        it_files.append(layout.dit_file(quant, person))
+        if quant != "none":
+            it_files.append(str(Path(layout.dit_file(quant, person)).with_suffix(".json")))
     for rel in it_files:
         hf_hub_download(
             INFINITETALK_HUB.repo_id,
@@ -270,5 +308,5 @@ def download_weights(to: Path, mode: str = "infinitetalk-480", quant: str = "non
             revision=INFINITETALK_HUB.revision,
             local_dir=to / INFINITETALK_HUB.local_dir,
         )
-    log.info("downloaded %s weights (quant %s) to %s", mode, quant, to)
+    log.info("downloaded %s weights (quant %s%s) to %s", mode, quant, ", multi" if multi else "", to)
     return to

@@ -112,6 +112,9 @@ class ShotContext:
     dialogue: DialogueTrack
     audio_range: tuple[int, int]  # the shot's samples in the dialogue track
     config: PipelineConfig
+    stems: dict[str, Path] = field(
+        default_factory=dict
+    )  # character name -> checked dub stem (wav) in the workspace
 
 
 @dataclass(frozen=True)

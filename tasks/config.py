@@ -207,6 +207,8 @@ class GateConfig:
     policy: Literal["auto", "all", "none"]
     require_face: bool
     overrides: dict[str, Any]  # {shot index: dub | skip}
+    speakers: dict[str, Any]  # {shot index: face track id}: dub that track over the whole shot
+    crops: dict[str, Any]  # {shot index: [x0, y0, x1, y1]}: dub that box (display pixels)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,14 @@ class EstimateConfig:
 
 
 @dataclass(frozen=True)
+class TimelineConfig:
+    """The edit-suite timeline next to each output (`tasks.timeline_export`): `<out>.otio` always, and these."""
+
+    edl: bool  # <out>.edl: a CMX 3600 EDL of the dubbed shots (an EDL holds one video track)
+    fcp_xml: bool  # <out>.xml: Final Cut Pro 7 XML with the source, dubbed and dub-audio tracks
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     probe: ProbeConfig
     shots: ShotsConfig
@@ -280,6 +290,7 @@ class PipelineConfig:
     qc: QcSettings
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig
+    timeline: TimelineConfig
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

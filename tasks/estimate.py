@@ -7,7 +7,8 @@ then prices the dubbed shots' chunks with the benchmark figures of the config's 
     GPU s = load_s + sum over chunks of (steps run x guidance branches x dit_forward_s + vae_chunk_s) x scale
 
 `scale` is the chunk's latent frames over a full chunk's (a short last chunk costs less; attention makes
-the real saving a little larger). Figures that are not measured yet (null) are reported as missing and
+the real saving a little larger). A shot with a two-speaker segment adds one `load_s` (the multi DiT is
+loaded in its place, `tasks.infinitetalk.multi`; its second audio stream is ~free). Figures that are not measured yet (null) are reported as missing and
 the total is then a lower bound. TeaCache savings are not modelled (the estimate is an upper bound then).
 Per-chunk CPU work (frame decode, colour, composite, FFV1 encode: ~3.5 s per 480P chunk in
 benchmarks/bench_shot.py) is not counted either.
@@ -241,6 +242,7 @@ def _check(value: Any, section: str, key: str) -> float:
 def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) -> FilmEstimate:
     """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio`."""
     from tasks.audio import check_length, conform, decode_audio, slice_bounds  # noqa: PLC0415
+    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
     from tasks.plan import plan_film  # noqa: PLC0415
     from tasks.probe import probe  # noqa: PLC0415
     from tasks.shot_decision import decide_shot, regions_json  # noqa: PLC0415
@@ -265,6 +267,9 @@ def estimate_film(source: str | Path, audio: str | Path, cfg: PipelineConfig) ->
             shot.index, shot.start_frame, shot.end_frame, info, samples[a:b], cfg.audio.sample_rate, cfg
         )
         gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
+        gpu += (
+            switch_load_s(d.details.get("regions") or [], price.load_s or 0.0) if d.dub else 0.0
+        )  # multi DiT
         regions = tuple(regions_json(d, shot.start_frame))
         out.append(
             ShotEstimate(

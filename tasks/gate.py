@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.face_analysis import ShotFaces
-from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_track
+from tasks.region import Box, RegionConfig, RegionPlan, full_frame_box, plan_from_box, plan_from_track
 from tasks.speech import SpeechInfo
 
 POLICIES = ("auto", "all", "none")
@@ -31,18 +31,19 @@ class DubRegion:
     end_frame: int
     speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
     score: float
-    status: str  # speaker | uncertain | forced
+    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
     plan: RegionPlan
+    people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plan": self.plan.to_dict()}
+        return {**asdict(self), "plan": self.plan.to_dict(), "people": list(self.people)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DubRegion:
         spk = d.get("speaker")
         plan = RegionPlan.from_dict(d["plan"])
         return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
-                   float(d["score"]), str(d["status"]), plan)  # fmt: skip
+                   float(d["score"]), str(d["status"]), plan, tuple(d.get("people") or ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -206,13 +207,88 @@ def _region(
     return DubRegion(start, end, track, round(score, 3), status, plan)
 
 
+def _own(raw: Mapping[Any, Any] | None, shot_index: int) -> Any:
+    """The entry of a {shot index: value} mapping for this shot (keys may be strings, as in YAML / JSON)."""
+    own = [v for k, v in (raw or {}).items() if str(k).strip() == str(shot_index)]
+    return own[-1] if own else None
+
+
+def region_overrides(
+    shot_index: int,
+    speakers: Mapping[Any, Any] | None,
+    crops: Mapping[Any, Any] | None,
+    frame_hw: tuple[int, int] | None = None,
+) -> tuple[int | None, Box | None]:
+    """This shot's speaker track and crop box overrides (None: automatic); a bad value raises ValueError
+    naming the shot. ``frame_hw``: the display frame (H, W) the box must lie in."""
+    speaker, box = _own(speakers, shot_index), _own(crops, shot_index)
+    if speaker is not None and (isinstance(speaker, bool) or not isinstance(speaker, int) or speaker < 0):
+        raise ValueError(
+            f"shot {shot_index}: speaker must be a face track id (an integer >= 0), got {speaker!r}"
+        )
+    if box is None:
+        return speaker, None
+    ints = isinstance(box, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in box)
+    if not ints or len(box) != 4:
+        raise ValueError(
+            f"shot {shot_index}: crop must be [x0, y0, x1, y1] (4 integers, display pixels), got {box!r}"
+        )
+    x0, y0, x1, y1 = box
+    if not (0 <= x0 < x1 and 0 <= y0 < y1):
+        raise ValueError(f"shot {shot_index}: crop {list(box)} needs 0 <= x0 < x1 and 0 <= y0 < y1")
+    if frame_hw is not None and (x1 > frame_hw[1] or y1 > frame_hw[0]):
+        raise ValueError(
+            f"shot {shot_index}: crop {list(box)} lies outside the {frame_hw[1]}x{frame_hw[0]} frame (display pixels)"
+        )
+    return speaker, (x0, y0, x1, y1)
+
+
+def apply_region_overrides(
+    decision: Decision,
+    shot_index: int,
+    faces: ShotFaces | None,
+    region: RegionConfig,
+    frame_hw: tuple[int, int],
+    num_frames: int,
+    override: tuple[int | None, Box | None],
+    skipped: bool,
+) -> Decision:
+    """The automatic ``decision`` with the shot's (speaker, crop) ``override`` applied: one region over the
+    whole shot, around that face track and/or in that box, dubbed whatever the evidence said (a shot
+    ``skipped`` by its dub override stays skipped). An unknown track raises ValueError naming the shot."""
+    speaker, box = override
+    if skipped or (speaker is None and box is None):
+        return decision
+    what = [] if speaker is None else [f"speaker {speaker}"]
+    if speaker is not None:
+        ids = [t.id for t in faces.tracks] if faces is not None else []
+        if speaker not in ids:
+            have = ", ".join(map(str, ids)) or "none"
+            raise ValueError(
+                f"shot {shot_index}: speaker {speaker}: no such face track (the shot's tracks: {have})"
+            )
+    if box is not None:
+        what.append(f"crop [{', '.join(map(str, box))}]")
+    reason = "plan: " + ", ".join(what)
+    if box is None:
+        assert faces is not None
+        dubbed = _region(faces, 0, faces.num_frames, speaker, 0.0, "plan", region)
+    else:
+        dubbed = DubRegion(
+            0, num_frames, speaker, 0.0, "plan", plan_from_box(box, frame_hw, num_frames, region.size, reason)
+        )
+    return Decision(True, reason, (dubbed,))
+
+
 __all__ = [
     "OVERRIDES",
     "POLICIES",
     "UNCERTAIN",
     "Decision",
     "DubRegion",
+    "apply_region_overrides",
     "decide_dub",
     "parse_overrides",
+    "region_overrides",
     "speaker_turns",
 ]

@@ -3,11 +3,12 @@ automatic dub decision and why, the regions the gate chose (one per speaker turn
 pixels, speaker track, score; `tasks.shot_decision.regions_json`, as in `dubflow estimate --json`) and the
 seed, plus blank override fields an editor fills in; `dubflow dub ... --plan plan.yaml` applies them as each shot's own config overrides.
 
-Override fields (null / `auto` = the automatic choice): `dub` (auto | yes | no), `speaker` and `crop`
-(kept for speaker-aware dubbing; a value set there is an error until it lands), `prompt`, `seed` (the
-shot's own sampler seed), `denoise_strength`, `steps`, `color_strength`. Each maps onto config keys
-(`to_config_overrides`), so a shot's result key sees them like any other setting and only the shots whose
-effective inputs changed re-render.
+Override fields (null / `auto` = the automatic choice): `dub` (auto | yes | no), `speaker` (a face track
+id: that track's region is dubbed over the whole shot) and `crop` (a box in display pixels: that box is
+dubbed), both replacing the automatic region and dubbing the shot, `prompt`, `seed` (the shot's own sampler
+seed), `denoise_strength`, `steps`, `color_strength`. Each maps onto config keys (`to_config_overrides`), so
+a shot's result key sees them like any other setting and only the shots whose effective inputs changed
+re-render.
 
 Text and records only: writing and reading the YAML and validating it against the film's shots; the
 automatic decisions come from the caller (`tasks.estimate.estimate_film`), nothing here decodes media.
@@ -27,17 +28,18 @@ from tasks.errors import ConfigError
 FORMAT = "dubflow-shot-plan/1"
 OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file's legend)
     "dub": "auto | yes | no",
-    "speaker": "which face track's lips (a speaker id of auto.regions; not applied yet)",
-    "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes (not applied yet)",
+    "speaker": "dub this face track (a speaker id of auto.regions) over the whole shot",
+    "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes: dub this box",
     "prompt": "text prompt for this shot",
     "seed": "this shot's sampler seed (automatic: infinitetalk.seed + shot index)",
     "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
     "steps": "sampling steps",
     "color_strength": "colour matching strength, 0 = off",
 }
-NOT_YET = ("speaker", "crop")  # fields the plan keeps for later work; a value there is refused
 SHOT_KEYS = ("index", "start", "end", "start_frame", "end_frame", "auto", "override")
 _TYPES: Mapping[str, tuple[type, ...]] = {
+    "speaker": (int,),
+    "crop": (list,),
     "prompt": (str,),
     "seed": (int,),
     "denoise_strength": (int, float),
@@ -148,8 +150,6 @@ def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dic
     for name, value in override.items():
         if value is None or (name == "dub" and value == "auto"):
             continue
-        if name in NOT_YET:
-            raise ConfigError(path, f"{where}: override {name} is not applied yet (leave it null)")
         if name == "dub":
             if value not in ("yes", "no", True, False):  # YAML 1.1 reads a bare yes/no as a boolean
                 raise ConfigError(path, f"{where}: dub must be auto, yes or no, got {value!r}")
@@ -157,14 +157,21 @@ def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dic
         elif isinstance(value, bool) or not isinstance(value, _TYPES[name]):
             raise ConfigError(path, f"{where}: {name} must be {_TYPES[name][0].__name__}, got {value!r}")
         out[name] = value
+    if out.get("dub") is False and ("speaker" in out or "crop" in out):
+        raise ConfigError(path, f"{where}: dub: no contradicts a speaker / crop override (leave those null)")
     return out
 
 
 def to_config_overrides(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
     """A shot's plan overrides as nested config updates (`tasks.shot_key.shot_config` merges them)."""
     out: dict[str, dict[str, Any]] = {}
-    if "dub" in fields:
-        out["gate"] = {"overrides": {str(index): "dub" if fields["dub"] else "skip"}}
+    gate = {
+        "overrides": None if "dub" not in fields else {str(index): "dub" if fields["dub"] else "skip"},
+        "speakers": None if "speaker" not in fields else {str(index): fields["speaker"]},
+        "crops": None if "crop" not in fields else {str(index): list(fields["crop"])},
+    }
+    if any(gate.values()):
+        out["gate"] = {k: v for k, v in gate.items() if v is not None}
     talk = {
         "prompt": fields.get("prompt"),
         "seed": None if "seed" not in fields else fields["seed"] - index,  # the sampler adds the index
@@ -197,11 +204,17 @@ def check_against_shots(
 
 
 def plan_overrides(
-    path: str | Path, config: Mapping[str, Any], shots: Sequence[Mapping[str, Any]]
+    path: str | Path,
+    config: Mapping[str, Any],
+    shots: Sequence[Mapping[str, Any]],
+    frame_hw: tuple[int, int] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """{shot index: nested config overrides} of the plan file at `path` for a film with `shots`
-    (index, start_frame, end_frame), each shot's effective config checked now, before any render."""
+    (index, start_frame, end_frame), each shot's effective config checked now, before any render; a crop
+    must lie in the display frame `frame_hw` (H, W). (A speaker's track id is checked against the shot's
+    faces where they are analysed, in the film run's planning.)"""
     from tasks.config import PipelineConfig  # noqa: PLC0415
+    from tasks.gate import region_overrides  # noqa: PLC0415
     from tasks.shot_key import shot_config  # noqa: PLC0415
 
     plan = read_plan(path)
@@ -224,5 +237,9 @@ def plan_overrides(
         except ConfigError as ex:
             key = "" if ex.path in (None, str(path)) else f"{ex.path}: "  # a config key, or this file
             raise ConfigError(path, f"shot {index}: {key}{ex.problem}") from ex
+        try:
+            region_overrides(index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
+        except ValueError as ex:
+            raise ConfigError(path, str(ex)) from ex
         out[index] = overrides
     return out

@@ -175,6 +175,15 @@ def full_frame_box(frame_hw: tuple[int, int], size: str) -> tuple[Box, tuple[int
     return _place(fw / 2, fh / 2, hw, frame_hw), bucket
 
 
+def plan_from_box(box: Box, frame_hw: tuple[int, int], num_frames: int, size: str, reason: str) -> RegionPlan:
+    """A static plan that dubs (at least) ``box``, an editor's crop: grown to the nearest bucket aspect
+    around its centre and shifted inside the frame."""
+    x0, y0, x1, y1 = box
+    hw, bucket = snap_box_size(float(y1 - y0), float(x1 - x0), frame_hw, size)
+    placed = _place((x0 + x1) / 2, (y0 + y1) / 2, hw, frame_hw)
+    return RegionPlan("region", placed, bucket, False, 0, reason, frame_hw, num_frames)
+
+
 def _median_filter(x: np.ndarray, window: int) -> np.ndarray:
     """Running median whose window shrinks symmetrically at the ends (keeps linear motion intact)."""
     half = window // 2

@@ -5,7 +5,8 @@ all call it), `region_config` (the region geometry settings of a pipeline config
 and the shot table show (`regions_json`: boxes in display pixels, film frame numbers).  The face analysis
 (`tasks.face_analysis`) is the expensive part: it runs only when the outcome can depend on it, and is read
 from / written to ``cache`` (a JSON file per shot in the run workspace) when one is given, so a GPU worker
-that finds the planning's file never decodes or analyses anything.
+that finds the planning's file never decodes or analyses anything.  A shot's speaker / crop override
+(`gate.speakers`, `gate.crops`, e.g. from an edited shot plan) replaces the automatic region after the gate.
 Must not run a dubbing model.
 """
 
@@ -25,7 +26,7 @@ from tasks.backend import ShotDecision
 from tasks.config import PipelineConfig
 from tasks.errors import ConfigError
 from tasks.face_analysis import ShotFaces, analyse_shot, source_speech
-from tasks.gate import DubRegion, decide_dub, parse_overrides
+from tasks.gate import DubRegion, apply_region_overrides, decide_dub, parse_overrides, region_overrides
 from tasks.probe import VideoInfo
 from tasks.region import RegionConfig
 from tasks.shot_key import faces_key
@@ -65,13 +66,20 @@ def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
     return faces
 
 
-def _needs_faces(shot_index: int, has_speech: bool, cfg: PipelineConfig) -> bool:
-    """Whether the gate's outcome (or the dubbed region) depends on the picture."""
+def _needs_faces(
+    shot_index: int, has_speech: bool, cfg: PipelineConfig, track_override: bool = False
+) -> bool:
+    """Whether the gate's outcome (or the dubbed region) depends on the picture (``track_override``: the
+    shot's region follows a face track the config names)."""
     try:
         action = parse_overrides(cfg.gate.overrides).get(shot_index)
     except ValueError as ex:
         raise ConfigError("gate.overrides", str(ex)) from ex
-    if action == "skip" or (cfg.gate.policy == "none" and action != "dub"):
+    if action == "skip":
+        return False
+    if track_override:
+        return True
+    if cfg.gate.policy == "none" and action != "dub":
         return False
     forced = action == "dub" or cfg.gate.policy == "all"
     if forced and cfg.region.mode == "full":  # dubbed on the whole frame whatever the faces
@@ -113,10 +121,15 @@ def decide_shot(
     """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
     it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
     ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
+    frame_hw = info.display_size[::-1]
+    try:  # the shot's speaker / crop overrides, checked before any analysis
+        override = region_overrides(shot_index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
+    except ValueError as ex:
+        raise ConfigError("gate", str(ex)) from ex
     mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
     speech = detect_speech(mono, sample_rate, cfg.speaker)
     faces = None
-    if _needs_faces(shot_index, speech.has_speech, cfg):
+    if _needs_faces(shot_index, speech.has_speech, cfg, track_override=override[0] is not None):
         if cache is not None and cache.is_file():
             faces = _cached_faces(cache, mono)
         if faces is None:
@@ -135,6 +148,10 @@ def decide_shot(
             shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
             require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
         )  # fmt: skip
+        skipped = parse_overrides(cfg.gate.overrides).get(shot_index) == "skip"
+        d = apply_region_overrides(
+            d, shot_index, faces, region_config(cfg), frame_hw, end - start, override, skipped
+        )
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
     details: dict[str, Any] = {

@@ -7,7 +7,8 @@ the SHA-256 of `ShotInputs`:
 * the dub audio it is conditioned on: the dialogue samples over `conditioning_span` (its slice, the model
   window past its end, the sampler's audio window and `workspace.audio_context_s` of context each side);
 * its effective settings (`shot_config`: the global config with the shot's own overrides applied) minus
-  the config that never changes pixels (`NON_PIXEL_CONFIG`); of `gate.overrides` only its own entry;
+  the config that never changes pixels (`NON_PIXEL_CONFIG`); of `gate.overrides`, `gate.speakers` and
+  `gate.crops` only its own entry;
 * the weights' identity (`weights_identity`: file names, sizes and mtimes, not their path);
 * `RENDER_VERSION`, bumped by hand when an algorithm change alters pixels (tests/test_shot_keys.py pins
   the tiny model's output per version and fails when pixels change without a bump). Not a hash of the
@@ -47,9 +48,10 @@ RENDER_VERSION = 3  # bump when a change alters any shot's pixels (the pinned ti
 # injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
 # and block offload give bit-identical outputs, profiling only adds device syncs, the overlapped chunk
 # pipeline (`pipeline`) writes the same bytes as the sequential loop. `gate.overrides` is reduced to the
-# shot's own entry by `shot_settings`.
+# shot's own entry by `shot_settings`, as the other per-shot gate maps are.
+PER_SHOT_GATE = ("overrides", "speakers", "crops")  # {shot index: value} maps of the gate section
 NON_PIXEL_CONFIG = (
-    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots",
+    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline",
     "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "pipeline",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
@@ -87,15 +89,20 @@ class ShotInputs:
 def shot_config(config: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """The shot's effective config dict: `config` with the nested `overrides` merged in.
 
-    `gate.overrides` entries of the shot replace any entry for the same index spelt differently (3 / "3").
+    The shot's entries of the per-shot gate maps (`PER_SHOT_GATE`) replace any entry for the same index
+    spelt differently (3 / "3").
     """
     out = copy.deepcopy(dict(config))
     for section, values in (overrides or {}).items():
-        if section == "gate" and "overrides" in values:
-            gate = out["gate"] = {**out["gate"], **{k: v for k, v in values.items() if k != "overrides"}}
-            mine = {str(k) for k in values["overrides"]}
-            kept = {k: v for k, v in gate["overrides"].items() if str(k) not in mine}
-            gate["overrides"] = {**kept, **values["overrides"]}
+        if section == "gate" and any(k in values for k in PER_SHOT_GATE):
+            gate = out["gate"] = {
+                **out["gate"],
+                **{k: v for k, v in values.items() if k not in PER_SHOT_GATE},
+            }
+            for name in (k for k in PER_SHOT_GATE if k in values):
+                mine = {str(k) for k in values[name]}
+                kept = {k: v for k, v in gate.get(name, {}).items() if str(k) not in mine}
+                gate[name] = {**kept, **copy.deepcopy(dict(values[name]))}
         elif isinstance(values, Mapping):
             out[section] = {**out[section], **copy.deepcopy(dict(values))}
         else:
@@ -111,9 +118,14 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
     """
     data = copy.deepcopy(dict(config))
     gate = data.get("gate", {})
-    if "overrides" in gate:
-        own = [v for k, v in gate["overrides"].items() if str(k) == str(index)]
-        gate["overrides"] = str(own[-1]).strip().lower() if own else None
+    for name in (k for k in PER_SHOT_GATE if k in gate):
+        own = [v for k, v in gate[name].items() if str(k) == str(index)]
+        if name == "overrides":
+            gate[name] = str(own[-1]).strip().lower() if own else None
+        elif own:
+            gate[name] = own[-1]
+        else:  # absent, not None: a shot without one keeps the key it had before these maps existed
+            del gate[name]
     backend = data.get("backend", {})
     if backend.get("name") == "infinitetalk" and "infinitetalk" in data:
         data["infinitetalk"] = {**data["infinitetalk"], **backend.get("options", {})}

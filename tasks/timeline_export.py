@@ -4,8 +4,9 @@ Three tracks at the film's exact frame rate: `source` (each shot a clip of the s
 frame range), `dubbed` (each shot's lossless per-shot intermediate, or the shot's range of the delivered
 file when the workspace is not kept), both at the shot's source timecode, and `dub audio` (the mix or
 dialogue track the film was delivered with). Each clip's metadata names the shot, its result key and
-whether it was dubbed. The core `opentimelineio` package writes `.otio` only (EDL / FCP XML adapters are
-separate plug-ins, not used).
+whether it was dubbed. Also, through the OTIO plug-in adapters `otio-cmx3600-adapter` and `otio-fcp-adapter`
+(`write_extra_timelines`): a CMX 3600 EDL of the `dubbed` track (an EDL holds one video track, and the
+adapter writes no audio events) and a Final Cut Pro 7 XML of all three tracks.
 
 Timeline records only: no media is read; the caller passes paths and frame ranges.
 """
@@ -85,10 +86,41 @@ def film_timeline(
     return timeline
 
 
-def write_timeline(path: str | Path, timeline: otio.schema.Timeline) -> Path:
-    """Write `timeline` as `.otio` JSON (atomically: a temporary name, then a rename)."""
+def write_timeline(path: str | Path, timeline: otio.schema.Timeline, adapter: str = "otio_json") -> Path:
+    """Write `timeline` with an OTIO adapter (default `.otio` JSON), atomically: a temporary name, then a rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    otio.adapters.write_to_file(timeline, str(tmp), adapter_name="otio_json")
+    otio.adapters.write_to_file(timeline, str(tmp), adapter_name=adapter)
     tmp.replace(path)
     return path
+
+
+# option name -> (OTIO adapter, file suffix, the PyPI package that provides the adapter)
+EXTRA_FORMATS = {
+    "edl": ("cmx_3600", ".edl", "otio-cmx3600-adapter"),
+    "fcp_xml": ("fcp_xml", ".xml", "otio-fcp-adapter"),
+}
+
+
+def edl_timeline(timeline: otio.schema.Timeline) -> otio.schema.Timeline:
+    """The timeline an EDL can hold: the `dubbed` track alone (CMX 3600 has a single video track)."""
+    out = otio.schema.Timeline(name=timeline.name, global_start_time=timeline.global_start_time)
+    out.tracks.extend([t.deepcopy() for t in timeline.tracks if t.name == "dubbed"])
+    return out
+
+
+def write_extra_timelines(
+    stem: str | Path, timeline: otio.schema.Timeline, formats: Sequence[str]
+) -> list[Path]:
+    """`<stem>.edl` / `<stem>.xml` for the `formats` named (keys of `EXTRA_FORMATS`) of a `film_timeline`."""
+    have = set(otio.adapters.available_adapter_names())
+    out = []
+    for name in formats:
+        adapter, suffix, package = EXTRA_FORMATS[name]
+        if adapter not in have:
+            raise RuntimeError(
+                f"timeline.{name}: the OTIO adapter {adapter!r} is missing (pip install {package})"
+            )
+        cut = edl_timeline(timeline) if name == "edl" else timeline
+        out.append(write_timeline(Path(stem).with_suffix(suffix), cut, adapter))
+    return out

@@ -35,7 +35,7 @@ def _plan(tmp_path: Path, **override) -> Path:
         ({"sed": 3}, "shot 1: unknown override field 'sed' (known: dub, speaker,"),
         ({"dub": "maybe"}, "shot 1: dub must be auto, yes or no, got 'maybe'"),
         ({"steps": "many"}, "shot 1: steps must be int, got 'many'"),
-        ({"speaker": "B"}, "shot 1: override speaker is not applied yet"),
+        ({"speaker": "B"}, "shot 1: speaker must be int, got 'B'"),
         ({"denoise_strength": 1.5}, "shot 1: infinitetalk.denoise_strength: must be in (0, 1], got 1.5"),
     ],
 )
@@ -100,6 +100,17 @@ def _renders(ws_root: Path) -> Counter:
     return Counter(json.loads(line)["shot"] for line in (ws_dir / "attempts.jsonl").read_text().splitlines())
 
 
+def planned_clip(tmp_path: Path) -> tuple[Path, Path, Path, Path, Path, list[str]]:
+    """A 3-shot clip, its dub track and `dubflow plan --out` of them (passthrough backend): the clip, dub,
+    output, workspace root and plan paths and the `--set` arguments used."""
+    clip = make_clip(tmp_path / "scene.mp4", (24, 24, 24), audio_channels=None)
+    dub = make_audio(tmp_path / "dub.wav", probe(clip).video_duration_s)
+    out, ws_root, plan = tmp_path / "out.mp4", tmp_path / "ws", tmp_path / "plan.yaml"
+    sets = ["--set", "backend.name=passthrough", "--set", f"workspace.root={ws_root}"]
+    assert main(["plan", str(clip), "--audio", str(dub), "--out", str(plan), *sets]) == 0
+    return clip, dub, out, ws_root, plan, sets
+
+
 @pytest.mark.usefixtures("prefect_harness")
 def test_an_edited_plan_drives_a_flow_run_that_renders_only_the_edited_shots(tmp_path: Path, capsys):
     from prefect.client.orchestration import get_client
@@ -107,11 +118,7 @@ def test_an_edited_plan_drives_a_flow_run_that_renders_only_the_edited_shots(tmp
 
     from flows.dub_film import dub_film, dub_film_inline
 
-    clip = make_clip(tmp_path / "scene.mp4", (24, 24, 24), audio_channels=None)
-    dub = make_audio(tmp_path / "dub.wav", probe(clip).video_duration_s)
-    out, ws_root, plan = tmp_path / "out.mp4", tmp_path / "ws", tmp_path / "plan.yaml"
-    sets = ["--set", "backend.name=passthrough", "--set", f"workspace.root={ws_root}"]
-    assert main(["plan", str(clip), "--audio", str(dub), "--out", str(plan), *sets]) == 0
+    clip, dub, out, ws_root, plan, sets = planned_clip(tmp_path)
     doc = yaml.safe_load(plan.read_text())
     assert [(s["index"], s["start_frame"], s["end_frame"]) for s in doc["shots"]] == [
         (0, 0, 24), (1, 24, 48), (2, 48, 72)

@@ -37,7 +37,8 @@ def test_quality_and_preview_runs_coexist_and_export_the_shot_partition(tmp_path
     film, dub = DATA / meta["film"], DATA / meta["dub"]
     ws_root = tmp_path / "ws"
     config = {"backend": {"name": "passthrough"}, "workspace": {"root": str(ws_root)}}
-    quality = Path(dub_film_inline(str(film), str(dub), str(tmp_path / "q.mp4"), config=config))
+    extra = {**config, "timeline": {"edl": True, "fcp_xml": True}}  # also the EDL and the FCP 7 XML
+    quality = Path(dub_film_inline(str(film), str(dub), str(tmp_path / "q.mp4"), config=extra))
     preview = Path(dub_film_inline(str(film), str(dub), str(tmp_path / "p.mp4"), config=config, preview=True))
     stores = sorted(p for p in ws_root.iterdir() if not p.name.startswith("."))
     assert len(stores) == 2  # one workspace per pass, both kept with their shots
@@ -64,6 +65,35 @@ def test_quality_and_preview_runs_coexist_and_export_the_shot_partition(tmp_path
     (sound,) = tracks["dub audio"].find_clips()
     assert sound.source_range.duration.value == meta["frame_count"]
     assert timeline.duration().value == meta["frame_count"]
+    _check_extra_timelines(quality, timeline, edges, fps)
+    assert not preview.with_suffix(".edl").exists() and not preview.with_suffix(".xml").exists()  # opt-in
+
+
+def _placed(track) -> list[tuple[int, int, str]]:
+    """(timeline start, frames, media URL) of a track's clips."""
+    return [
+        (round(c.range_in_parent().start_time.value), round(c.range_in_parent().duration.value),
+         c.media_reference.target_url)
+        for c in track.find_clips()
+    ]  # fmt: skip
+
+
+def _check_extra_timelines(out: Path, timeline, edges: list[int], fps: Fraction) -> None:
+    """`<out>.edl` and `<out>.xml` parse back with OTIO's own adapters; their clips are the shot partition,
+    on the same media as the `.otio` timeline's."""
+    partition = [(a, b - a) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    tracks = {t.name: t for t in timeline.tracks}
+    edl = otio.adapters.read_from_file(str(out.with_suffix(".edl")), adapter_name="cmx_3600", rate=float(fps))
+    (video,) = edl.video_tracks()  # an EDL: the dubbed shots
+    assert [(a, n) for a, n, _ in _placed(video)] == partition
+    assert [c.name for c in video.find_clips()] == [c.name for c in tracks["dubbed"].find_clips()]
+    xml = otio.adapters.read_from_file(str(out.with_suffix(".xml")), adapter_name="fcp_xml")
+    source, dubbed = xml.video_tracks()
+    (sound,) = xml.audio_tracks()
+    assert _placed(source) == _placed(tracks["source"]) and _placed(dubbed) == _placed(tracks["dubbed"])
+    assert [(a, n) for a, n, _ in _placed(dubbed)] == partition
+    assert _placed(sound) == _placed(tracks["dub audio"])
+    assert all(c.range_in_parent().start_time.rate == float(fps) for c in dubbed.find_clips())
 
 
 def test_a_qc_title_marks_preview_frames_and_the_sheet(tmp_path: Path):

@@ -9,6 +9,7 @@ rules of its own (those are `session`, `region_map` and `options`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from pathlib import Path
@@ -22,6 +23,7 @@ from tasks.errors import ConfigError, MediaError
 from tasks.frames import ModelGeometry
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, weights_identity
+from tasks.infinitetalk.multi import resolve_two_speakers
 from tasks.infinitetalk.options import VaeTiling, load_spec, resolve_device, resolve_options
 from tasks.infinitetalk.session import InfiniteTalkSession
 from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline, check_plan_agreement
@@ -61,11 +63,12 @@ class InfiniteTalkBackend:
         self.vae_tiling = VaeTiling(self.opts.vae_tiling, self.opts.vae_tile_px)
         self._specs: dict[str, LoadSpec] = {}  # per device: the offload decision is made once per config
 
-    def load_spec(self, device: str) -> LoadSpec:
-        """`load_spec` of the bound options for `device` (kept: `offload: auto` asks CUDA and sizes the DiT)."""
+    def load_spec(self, device: str, multi: bool = False) -> LoadSpec:
+        """`load_spec` of the bound options for `device` (kept: `offload: auto` asks CUDA and sizes the DiT);
+        `multi`: the same with the multi-person DiT (`tasks.infinitetalk.multi`)."""
         if device not in self._specs:
             self._specs[device] = load_spec(self.opts, device, frame_num=self.config.plan.frame_num)
-        return self._specs[device]
+        return dataclasses.replace(self._specs[device], multi=True) if multi else self._specs[device]
 
     # --- weights and models
 
@@ -77,12 +80,18 @@ class InfiniteTalkBackend:
             return root
         return ensure_tiny_root(Path(self.config.workspace.root) / ".cache")
 
-    def models(self, *components: str) -> dict[str, Any]:
-        """Components from the process's resident set (loaded on first use)."""
+    def models(self, *components: str, multi: bool = False) -> dict[str, Any]:
+        """Components from the process's resident set (loaded on first use; `multi`: with the multi DiT)."""
         device = resolve_device(self.opts.device)  # RESIDENT is looked up per call: tests swap the holder
-        return resident.RESIDENT.get(self.weights_root(), self.load_spec(device), components)
+        return resident.RESIDENT.get(self.weights_root(), self.load_spec(device, multi), components)
 
-    def shot_worker_config(self) -> Any:
+    def multi_available(self) -> bool:
+        """Whether the weights root holds the multi checkpoint (of the configured quantization)."""
+        from model.weights import has_multi  # noqa: PLC0415
+
+        return has_multi(self.weights_root(), self.opts.quant)
+
+    def shot_worker_config(self, multi: bool = False) -> Any:
         """Start the process's ShotWorker (`gpus_per_shot` ranks) unless it runs; its DiT config."""
         import torch  # noqa: PLC0415
 
@@ -93,7 +102,7 @@ class InfiniteTalkBackend:
                 f"{n} GPUs per shot but {torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES)",
             )
         return resident.RESIDENT.shot_worker_config(
-            self.weights_root(), self.load_spec(device), n, self.vae_tiling
+            self.weights_root(), self.load_spec(device, multi), n, self.vae_tiling
         )
 
     # --- per-film caches
@@ -181,6 +190,7 @@ class InfiniteTalkBackend:
             plan.shot_index, plan.start_frame, plan.end_frame, context.video, shot_audio, sample_rate,
             context.config, cache, planned=True,
         )  # fmt: skip
+        d = resolve_two_speakers(d, self.multi_available, context.config)  # multi missing: the louder
         if d.dub and self.tiny:
             d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
         self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)
@@ -203,4 +213,5 @@ class InfiniteTalkBackend:
         check_plan_agreement(plan)
         if decision is None:
             decision = self.prepare_shot(plan, geometry, shot_audio, sample_rate, context)
+        decision = resolve_two_speakers(decision, self.multi_available, context.config)  # a kept decision
         return InfiniteTalkSession(self, plan, geometry, decision, context, resume_state)

@@ -34,7 +34,8 @@ class ChunkJob:
     settings: Any  # model.sampler.SamplerSettings
     context: torch.Tensor  # (Lt, Dt) umT5 prompt embedding
     context_null: torch.Tensor  # (Lt, Dt)
-    audio: torch.Tensor  # (L, 12, 768) the shot's wav2vec2 features
+    # (L, 12, 768) the shot's wav2vec2 features; two speakers (`multi`): one per person, in mask order
+    audio: torch.Tensor | list[torch.Tensor]
     masks: torch.Tensor  # (3, h, w) speaker masks
     n_frames: int  # model frames of the shot
     reference: torch.Tensor  # (3, 1, H, W) in [-1, 1]: the chunk's reference frame
@@ -71,7 +72,7 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
     cond = Conditioning(
         context=job.context.to(models.device),
         context_null=job.context_null.to(models.device),
-        audio=[job.audio],
+        audio=list(job.audio) if isinstance(job.audio, list) else [job.audio],
         ref_target_masks=job.masks,
         clip_fn=models.clip_fn,
         n_frames=job.n_frames,

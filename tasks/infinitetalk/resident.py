@@ -32,6 +32,9 @@ class ResidentModels:
     `render_shot` call each, and reloading ~50 GB of weights per shot would dominate. Components are
     loaded on first use (umT5 and wav2vec2 only when a per-film cache file is missing); asking for
     another root or spec drops the current set first. `loads` counts loads per component (tests).
+    One DiT at a time: the spec's `multi` flag (the two-person checkpoint, `tasks.infinitetalk.multi`) is
+    not part of the key; asking for the other DiT drops the resident one and loads it on demand, the
+    other components stay.
 
     With `gpus_per_shot: N > 1` it also holds the process's `model.parallel.ShotWorker`: N rank processes
     started on the first dubbed shot, each with its share of the generation models resident, kept for
@@ -43,6 +46,7 @@ class ResidentModels:
         self._lock = threading.Lock()
         self._key: tuple[str, Any] | None = None
         self._components: dict[str, Any] = {}
+        self._multi = False  # whether the resident DiT is the multi (two-person) one
         self.loads: Counter[str] = Counter()
         self._worker: Any | None = None  # model.parallel.ShotWorker
         self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
@@ -54,11 +58,15 @@ class ResidentModels:
         """The requested components (loading the missing ones in one `load_models` call)."""
         from model.loading import COMPONENTS, load_models  # noqa: PLC0415
 
-        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS, multi=False))
         with self._lock:
             if key != self._key:
                 self._drop()
                 self._key = key
+            if "dit" in components and self._components.get("dit") is not None and self._multi != spec.multi:
+                self._drop(("dit",))  # one DiT at a time: single or multi
+            if "dit" in components:
+                self._multi = spec.multi
             missing = tuple(c for c in components if c not in self._components)
             if missing:
                 models = load_models(root, dataclasses.replace(spec, components=missing))
@@ -72,12 +80,13 @@ class ResidentModels:
         benchmark; later `get` calls for that key return them without loading."""
         from model.loading import COMPONENTS  # noqa: PLC0415
 
-        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS))
+        key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS, multi=False))
         with self._lock:
             if key != self._key:
                 self._drop()
                 self._key = key
             self._components.update(components)
+            self._multi = spec.multi if "dit" in components else self._multi
 
     def clear(self) -> None:
         """Unload everything and stop the shot worker (the next shot loads / starts again)."""
@@ -144,10 +153,12 @@ class ResidentModels:
         if worker is not None:
             worker.close()
 
-    def _drop(self) -> None:
+    def _drop(self, components: tuple[str, ...] | None = None) -> None:
+        """Unload `components` (default: all) and give their memory back."""
         if not self._components:
             return
-        self._components.clear()
+        for c in components or tuple(self._components):
+            self._components.pop(c, None)
         gc.collect()
         import torch  # noqa: PLC0415
 

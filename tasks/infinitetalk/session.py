@@ -23,6 +23,7 @@ from tasks.errors import MediaError
 from tasks.frames import ModelGeometry, read_frames
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
+from tasks.infinitetalk.multi import stem_feature_files, two_speakers
 from tasks.infinitetalk.options import TiledVAE, VaeTiling, resolve_device
 from tasks.infinitetalk.region_map import ShotRegion, to_tensor, to_uint8
 from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
@@ -51,9 +52,9 @@ class SessionBackend(Protocol):
 
     def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path: ...
 
-    def models(self, *components: str) -> dict[str, Any]: ...
+    def models(self, *components: str, multi: bool = False) -> dict[str, Any]: ...
 
-    def shot_worker_config(self) -> Any: ...
+    def shot_worker_config(self, multi: bool = False) -> Any: ...
 
 
 def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPlan, *, tiny: bool) -> Any:
@@ -100,10 +101,14 @@ class InfiniteTalkSession:
         self.device = resolve_device(backend.opts.device)
         self.watch = Stopwatch(self.device, backend.opts.profile)
         film_dir = context.work_dir / "film"
+        self.two = two_speakers(decision)  # two speakers at once (tasks.infinitetalk.multi), or None
 
         # 1. per-film inputs (cached files), then the generation models and the shot's audio features
         prompt = backend.prompt_embeddings(film_dir, self.watch)
         features_path = backend.audio_features_file(film_dir, Path(context.dialogue.path), self.watch)
+        stem_paths = (
+            [] if self.two is None else stem_feature_files(backend, film_dir, context, self.two, self.watch)
+        )
         dcfg, host = self._load_models()
         if prompt["context"].shape[-1] != dcfg.text_dim:
             raise MediaError(
@@ -118,15 +123,18 @@ class InfiniteTalkSession:
         # 3. sampler settings (chunking = the shot plan's) and conditioning, then where to resume
         self.settings = sampler_settings(backend.opts, backend.config, plan, tiny=backend.tiny)
         self.job = self._chunk_job(prompt, feats, dcfg, model_hw, host)
-        self._part = (
-            -1
-        )  # the part of a split plan whose sampler run `job` / `stream_state` are (see _enter_part)
+        if self.two is not None:  # multi: both stems' features and the person masks in the model crop
+            masks = self.two.masks(self.region.plan, geometry.display_hw, model_hw)
+            stems = [self._shot_features(p, dcfg) for p in stem_paths]  # [(L, 12, 768)] x 2
+            self.job = dataclasses.replace(self.job, audio=stems, masks=masks)
+        self._part = -1  # the part of a split plan that `job` / `stream_state` run (see _enter_part)
         self._source_cache: dict[int, np.ndarray] = {}
         self.stream_state = self._resume(resume_state)
         mh, mw = model_hw
         self.log.info(
-            "shot %04d: %d chunk(s) at %dx%d, %d steps, feature offset %d%s",
+            "shot %04d: %d chunk(s) at %dx%d, %d steps, feature offset %d%s%s",
             plan.shot_index, len(plan.chunks), mw, mh, self.settings.sampling_steps, self.feature_offset,
+            "" if self.two is None else ", two speakers (multi checkpoint)",
             "" if self.stream_state is None else f", resuming at chunk {self.stream_state.next_chunk + 1}",
         )  # fmt: skip
 
@@ -139,10 +147,10 @@ class InfiniteTalkSession:
         self.sp_size = backend.opts.gpus_per_shot
         with self.watch("load"):
             if self.sp_size > 1:  # the ranks hold the generation models; this process keeps none
-                dcfg = backend.shot_worker_config()
+                dcfg = backend.shot_worker_config(multi=self.two is not None)
                 self.chunk_models = None
                 return dcfg, "cpu"
-            m = backend.models("dit", "vae", "clip")
+            m = backend.models("dit", "vae", "clip", multi=self.two is not None)
             self.dit, self.vae, self.clip = m["dit"], m["vae"], m["clip"]
             dcfg = self.dit.config
             self.chunk_models = ChunkModels(
@@ -320,9 +328,9 @@ class InfiniteTalkSession:
         if self._part < 0:
             self._features = self.job.audio  # (L, 12, 768) the shot's
         self._part = c.part
-        self.job = dataclasses.replace(
-            self.job, audio=self._features[c.part_start :], n_frames=self.plan.part_frames(c)
-        )
+        feats = self._features  # (L, 12, 768), or one per stem for two speakers
+        audio = [f[c.part_start :] for f in feats] if isinstance(feats, list) else feats[c.part_start :]
+        self.job = dataclasses.replace(self.job, audio=audio, n_frames=self.plan.part_frames(c))
         if c.part_chunk == 0:
             self.stream_state = None
 
