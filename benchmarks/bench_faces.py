@@ -2,7 +2,7 @@
 
 Builds a 1920x1080 25 fps clip from the composed speaker cases (tests/speaker_cases.py: two real talking
 heads side by side, scaled up; H.264 at crf 18), then analyses it as one shot the way planning does: decode
-at analysis size (ffmpeg scales while decoding), YuNet on every `speaker.detect_every`-th frame, tracks,
+at analysis size (ffmpeg scales while decoding), RetinaFace on every `speaker.detect_every`-th frame, tracks,
 mouth activity on every frame, the source VAD and the speaker segments.  Reports CPU seconds per second of
 video: this process (detector, tracker, lips, VAD: the detector and the VAD run on one thread) plus the
 ffmpeg child processes (decode and scale; all of their threads count), and the wall time.

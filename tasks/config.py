@@ -195,6 +195,7 @@ class RegionSettings:
     mode: Literal["region", "full"]
     motion: Literal["auto", "static", "follow"]
     feather_px: int
+    switch_blend_frames: int  # a speaker switch inside a shot: each face fades to/from the source over this
     expand_w: float
     expand_h: float
 
@@ -216,7 +217,7 @@ class SpeakerConfig:
 
     detect_every: int  # the face detector runs on every k-th frame; boxes are interpolated in between
     detect_max_side: int  # analysis frames (display orientation) are downscaled to this longest side
-    detect_threshold: float  # YuNet confidence
+    detect_threshold: float  # RetinaFace confidence
     min_face_px: float  # smaller faces (analysis pixels, short side) are ignored
     track_max_miss: int  # detection samples a track may miss before it ends
     activity_on: float  # mouth activity above this: the lips move

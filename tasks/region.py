@@ -286,39 +286,58 @@ def plan_from_track(
     )
 
 
+def switch_weights(
+    parts: Sequence[tuple[int, int, Any]], num_frames: int, blend_frames: int
+) -> tuple[float, ...]:
+    """Per shot frame, how strongly the dub is pasted (0: the source, 1: the generated crop): each part's
+    frames, faded in over its first ``blend_frames`` frames where it starts inside the shot and out over its
+    last ones where it ends inside it, so at a speaker switch the outgoing face goes back to the source
+    before the incoming one is dubbed, and no frame has both at full strength."""
+    out = [0.0] * num_frames
+    ramp = max(0, blend_frames)
+    for a, b, _ in parts:
+        for t in range(max(0, a), min(num_frames, b)):
+            w = 1.0
+            if ramp and a > 0:
+                w = min(w, (t - a + 0.5) / ramp)
+            if ramp and b < num_frames:
+                w = min(w, (b - t - 0.5) / ramp)
+            out[t] = max(out[t], round(float(np.clip(w, 0.0, 1.0)), 4))
+    return tuple(out)
+
+
 def combine_regions(
-    parts: Sequence[tuple[int, int, RegionPlan]], num_frames: int
-) -> tuple[RegionPlan, tuple[bool, ...] | None]:
+    parts: Sequence[tuple[int, int, RegionPlan]], num_frames: int, blend_frames: int = 0
+) -> tuple[RegionPlan, tuple[float, ...] | None]:
     """One plan for a shot dubbed in several regions (one per speaker turn, frames [start, end) each).
 
     Returns the plan (per-frame boxes, all of the largest part's size and bucket, each centred where its
-    part's box is; frames outside every part keep the nearest part's box) and the per-frame mask of the
-    frames that are dubbed (None: all of them, a single part covering the shot is returned unchanged).
+    part's box is; frames outside every part keep the nearest part's box) and the per-frame paste weights
+    (`switch_weights`: 0 outside every part, ramps of ``blend_frames`` at the switches; None: every frame
+    fully, a single part covering the shot is returned unchanged).
     """
     if not parts:
         raise ValueError("combine_regions needs at least one region")
     if len(parts) == 1 and parts[0][0] == 0 and parts[0][1] >= num_frames:
         return parts[0][2], None
-    if any(p.mode == "full" for _, _, p in parts):  # full frame: one box anyway, only the mask differs
-        covered = tuple(any(a <= t < b for a, b, _ in parts) for t in range(num_frames))
-        return parts[0][2], covered
+    weights = switch_weights(parts, num_frames, blend_frames)
+    if any(p.mode == "full" for _, _, p in parts):  # full frame: one box anyway, only the weights differ
+        return parts[0][2], weights
     big = max((p for _, _, p in parts), key=lambda p: (p.box[2] - p.box[0]) * (p.box[3] - p.box[1]))
     hw = (big.box[3] - big.box[1], big.box[2] - big.box[0])
     boxes: list[Box] = []
-    covered_list: list[bool] = []
     for t in range(num_frames):
         inside = [(a, b, p) for a, b, p in parts if a <= t < b]
         a, _, p = inside[0] if inside else min(parts, key=lambda q: min(abs(t - q[0]), abs(t - (q[1] - 1))))
         x0, y0, x1, y1 = p.box_at(min(max(t - a, 0), max(p.num_frames - 1, 0)))
         boxes.append(_place((x0 + x1) / 2, (y0 + y1) / 2, hw, big.frame_size))
-        covered_list.append(bool(inside))
     n_det = sum(p.detections for _, _, p in parts)
     plan = RegionPlan(
         mode="region", box=big.box, bucket=big.bucket, face_found=True, detections=n_det,
         reason=f"{len(parts)} speaker regions", frame_size=big.frame_size, num_frames=num_frames,
         frame_boxes=tuple(boxes), face_box=big.face_box,
     )  # fmt: skip
-    return plan, tuple(covered_list)
+    return plan, weights
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -371,10 +390,13 @@ def feather_mask(
     return np.minimum(ramp(h, top, bottom)[:, None], ramp(w, left, right)[None, :])
 
 
-def composite(source: np.ndarray, patch: np.ndarray, box: Box, feather_px: int) -> np.ndarray:
+def composite(
+    source: np.ndarray, patch: np.ndarray, box: Box, feather_px: int, strength: float = 1.0
+) -> np.ndarray:
     """Blend ``patch`` (box-sized, or any size: it is resized to the box) into a copy of ``source``.
 
-    Pixels outside ``box`` are copied unchanged; inside, ``src + alpha * (patch - src)`` rounded to uint8.
+    Pixels outside ``box`` are copied unchanged; inside, ``src + alpha * (patch - src)`` rounded to uint8,
+    alpha the feather mask times ``strength`` (a fade at a speaker switch).
     """
     x0, y0, x1, y1 = box
     fh, fw = source.shape[:2]
@@ -383,7 +405,7 @@ def composite(source: np.ndarray, patch: np.ndarray, box: Box, feather_px: int) 
     patch = _resize(patch, (y1 - y0, x1 - x0))
     out = source.copy()
     sides = (x0 > 0, y0 > 0, x1 < fw, y1 < fh)
-    alpha = feather_mask((y1 - y0, x1 - x0), feather_px, sides)[..., None]  # (h, w, 1)
+    alpha = feather_mask((y1 - y0, x1 - x0), feather_px, sides)[..., None] * np.float32(strength)  # (h, w, 1)
     src = source[y0:y1, x0:x1].astype(np.float32)
     blend = src + alpha * (patch.astype(np.float32) - src)
     out[y0:y1, x0:x1] = np.clip(np.rint(blend), 0, 255).astype(np.uint8)
@@ -418,4 +440,5 @@ __all__ = [
     "nearest_bucket",
     "plan_from_track",
     "snap_box_size",
+    "switch_weights",
 ]

@@ -41,8 +41,9 @@ from tasks.errors import DecodeError, MediaError
 from tasks.frames import FrameCursor, LosslessWriter, ModelGeometry, atomic_temp, iter_frames, read_frames
 from tasks.intermediates import clean_temps, read_marker, record_written, write_marker
 from tasks.overlap import dub_chunk_deferred, run_chunks
-from tasks.plan import ShotPlan
+from tasks.plan import ShotPlan, split_at
 from tasks.probe import VideoInfo, probe
+from tasks.shot_decision import switch_frames
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +253,6 @@ def render_shot_result(
     seg_dir = out.with_name(out.stem + ".chunks")
     seg_dir.mkdir(parents=True, exist_ok=True)
     clean_temps(out.parent, out.stem)  # a crashed earlier attempt's half-written intermediate
-    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
-    segments = [checkpoints.segment(c.index) for c in plan.chunks]
 
     # 1. the dub decision (gating backends), taken once and kept with the checkpoints
     stems = {name: Path(p) for name, p in job.stems.items()}
@@ -268,6 +267,9 @@ def render_shot_result(
             with timer("gate"):
                 decision = backend.prepare_shot(plan, geometry, shot_audio, track.sample_rate, context)
             write_marker(decision_file, decision.to_dict())
+        plan = split_at(plan, switch_frames(decision))  # a speaker switch: one sampler run per part
+    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
+    segments = [checkpoints.segment(c.index) for c in plan.chunks]
     dubs = bool(getattr(backend, "dubs", True))
     if decision is not None:
         dubbed, reason = decision.dub, decision.reason

@@ -184,6 +184,15 @@ def decision_regions(decision: ShotDecision) -> list[DubRegion]:
     return [DubRegion.from_dict(r) for r in decision.details.get("regions") or []]
 
 
+def switch_frames(decision: ShotDecision) -> list[int]:
+    """Shot frames where the dubbed region moves to another speaker (the renderer splits the chunk plan
+    there, `tasks.plan.split_at`): the start of every region after the first."""
+    regions = sorted(decision_regions(decision), key=lambda r: r.start_frame) if decision.dub else []
+    return [
+        r.start_frame for prev, r in zip(regions[:-1], regions[1:], strict=True) if r.speaker != prev.speaker
+    ]
+
+
 def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
     """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
     the speaker's character (None when unknown) and, for a two-speaker region, its people."""
@@ -221,4 +230,5 @@ __all__ = [
     "region_config",
     "regions_json",
     "shot_faces",
+    "switch_frames",
 ]

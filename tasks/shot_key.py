@@ -41,7 +41,8 @@ from typing import Any
 
 from tasks.audio import DialogueTrack, read_samples
 
-RENDER_VERSION = 2  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+RENDER_VERSION = 3  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+# 3: RetinaFace replaces YuNet (other face boxes, so other crops); speaker switches split the chunk plan
 
 # Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault
 # injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism

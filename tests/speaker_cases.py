@@ -26,8 +26,9 @@ SR = 16000
 SIZE = (360, 640)  # (h, w) of the composed frames; each face clip is 256x256
 LEFT, RIGHT = 40, 344  # x of the left / right clip
 TOP = 52
-# per seed: frames without speech (listener material), from the seed's own VAD segments
-QUIET = {1: (117, 150), 5: (70, 90)}
+# per seed: frames without speech and with closed lips (listener material), from the seed's own VAD segments
+# and a look at the frames (seed 5 opens her mouth from frame 79 on, before the VAD hears her again)
+QUIET = {1: (117, 150), 5: (70, 79)}
 
 
 @functools.cache

@@ -51,10 +51,10 @@ class ShotRegion:
         plan: RegionPlan | None,
         model_hw: tuple[int, int],
         feather_px: int,
-        covered: tuple[bool, ...] | None = None,
+        weights: tuple[float, ...] | None = None,
     ):
         self.geometry = geometry
-        self.covered = covered  # per shot frame: dubbed (None: every frame); others stay the source
+        self.weights = weights  # per shot frame: paste strength 0..1 (None: 1 everywhere); 0 = the source
         self.model_hw = model_hw
         self.feather_px = feather_px
         self.full = plan is None or plan.mode == "full"
@@ -92,20 +92,29 @@ class ShotRegion:
         crop = np.ascontiguousarray(np.rot90(frame[y0:y1, x0:x1], self.geometry.rotation // 90))
         return crop_to_bucket(crop, (0, 0, crop.shape[1], crop.shape[0]), self.model_hw)
 
+    def weight(self, j: int) -> float:
+        """Paste strength of shot frame j: 0 outside every speaker region, ramps at a speaker switch."""
+        return 1.0 if self.weights is None else self.weights[min(j, len(self.weights) - 1)]
+
     def dubbed(self, j: int) -> bool:
         """Whether shot frame j is dubbed (frames outside every speaker region stay the source)."""
-        return self.covered is None or self.covered[min(j, len(self.covered) - 1)]
+        return self.weight(j) > 0
 
     def paste(self, generated: np.ndarray, source: np.ndarray, j: int) -> np.ndarray:
         """Blend a generated model frame into coded source frame j (only its box changes)."""
-        if not self.dubbed(j):
+        w = self.weight(j)
+        if w <= 0:
             return source.copy()
         if self.full:
-            return self.full_geometry.from_model(generated, source)
+            out = self.full_geometry.from_model(generated, source)
+            if w >= 1:
+                return out
+            mixed = source.astype(np.float32) + w * (out.astype(np.float32) - source)
+            return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
         from tasks.region import composite  # noqa: PLC0415
 
         patch = np.ascontiguousarray(np.rot90(generated, -(self.geometry.rotation // 90)))
-        return composite(source, patch, self.coded_box(j), self.feather_px)
+        return composite(source, patch, self.coded_box(j), self.feather_px, w)
 
 
 def to_tensor(frames: np.ndarray) -> torch.Tensor:

@@ -127,6 +127,7 @@ class InfiniteTalkSession:
             masks = self.two.masks(self.region.plan, geometry.display_hw, model_hw)
             stems = [self._shot_features(p, dcfg) for p in stem_paths]  # [(L, 12, 768)] x 2
             self.job = dataclasses.replace(self.job, audio=stems, masks=masks)
+        self._part = -1  # the part of a split plan that `job` / `stream_state` run (see _enter_part)
         self._source_cache: dict[int, np.ndarray] = {}
         self.stream_state = self._resume(resume_state)
         mh, mw = model_hw
@@ -179,13 +180,14 @@ class InfiniteTalkSession:
     def _map_region(self, geometry: ModelGeometry, decision: ShotDecision) -> tuple[int, int]:
         """Sets the shot's `ShotRegion` (the gate's speaker regions, or the full frame); returns the model size."""
         parts = [(r.start_frame, r.end_frame, r.plan) for r in decision_regions(decision)]
-        rplan, covered = combine_regions(parts, self.plan.num_frames) if parts else (None, None)
+        blend = self.backend.config.region.switch_blend_frames
+        rplan, weights = combine_regions(parts, self.plan.num_frames, blend) if parts else (None, None)
         if rplan is not None and rplan.mode == "full":
             bucket = geometry.model_hw
         else:
             bucket = rplan.bucket if rplan is not None else geometry.model_hw
         model_hw = tiny_hw(bucket) if self.backend.tiny else bucket
-        self.region = ShotRegion(geometry, rplan, model_hw, self.backend.config.region.feather_px, covered)
+        self.region = ShotRegion(geometry, rplan, model_hw, self.backend.config.region.feather_px, weights)
         self.coded_hw = geometry.coded_hw
         return model_hw
 
@@ -271,8 +273,9 @@ class InfiniteTalkSession:
         from model.stream import StreamState  # noqa: PLC0415
 
         c = inp.chunk
+        self._enter_part(c)
         expected = 0 if self.stream_state is None else self.stream_state.next_chunk
-        if c.index != expected:
+        if c.index_in_part != expected:
             raise RuntimeError(
                 f"shot {self.plan.shot_index}: chunk {c.index} given, the sampler is at {expected}"
             )
@@ -299,7 +302,7 @@ class InfiniteTalkSession:
             with self.watch("sp_chunk"):
                 got = resident.RESIDENT.run_chunk(job)
             index, state, kept = got["index"], StreamState.from_state_dict(got["state"]), got["frames"]
-        if index != c.index:
+        if index != c.index_in_part:
             raise RuntimeError(f"shot {self.plan.shot_index}: sampler ran chunk {index}, expected {c.index}")
         self.stream_state = state
         first_kept = c.new_start - c.model_start
@@ -316,6 +319,20 @@ class InfiniteTalkSession:
             return np.stack(frames)
 
         return composite
+
+    def _enter_part(self, c: Any) -> None:
+        """A plan split at speaker switches runs one sampler per part: at a part's first chunk the sampler
+        starts afresh (no motion frames from the other face's crop) on the part's frames and audio."""
+        if not c.part_frames or c.part == self._part:
+            return
+        if self._part < 0:
+            self._features = self.job.audio  # (L, 12, 768) the shot's
+        self._part = c.part
+        feats = self._features  # (L, 12, 768), or one per stem for two speakers
+        audio = [f[c.part_start :] for f in feats] if isinstance(feats, list) else feats[c.part_start :]
+        self.job = dataclasses.replace(self.job, audio=audio, n_frames=self.plan.part_frames(c))
+        if c.part_chunk == 0:
+            self.stream_state = None
 
     def state(self) -> dict[str, Any] | None:
         if self.stream_state is None:

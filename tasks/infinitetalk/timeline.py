@@ -72,16 +72,20 @@ def shot_feature_range(plan: ShotPlan, timeline: FeatureTimeline) -> tuple[int, 
 
 
 def check_plan_agreement(plan: ShotPlan) -> None:
-    """The renderer's chunk plan (`tasks.plan`) must be the sampler's (`model.chunks.plan_chunks`)."""
+    """The renderer's chunk plan (`tasks.plan`) must be the sampler's (`model.chunks.plan_chunks`), part by
+    part when the plan is split at speaker switches (each part is one sampler run)."""
     from model.chunks import plan_chunks  # noqa: PLC0415
 
-    ours = [(c.model_start, c.num_frames, c.new_start, c.new_end) for c in plan.chunks]
-    theirs = [
-        (s.start, s.length, s.start + s.keep_start, s.start + s.keep_end)
-        for s in plan_chunks(plan.model_frames, plan.frame_num, plan.motion_frames)
-    ]
-    if ours != theirs:
-        raise RuntimeError(
-            f"chunk plans disagree for shot {plan.shot_index} ({plan.model_frames} model frames): "
-            f"tasks.plan {ours} vs model.sampler {theirs}"
-        )
+    for part in sorted({c.part for c in plan.chunks}):
+        chunks = [c for c in plan.chunks if c.part == part]
+        m0, m = chunks[0].part_start, plan.part_frames(chunks[0])
+        ours = [(c.model_start - m0, c.num_frames, c.new_start - m0, c.new_end - m0) for c in chunks]
+        theirs = [
+            (s.start, s.length, s.start + s.keep_start, s.start + s.keep_end)
+            for s in plan_chunks(m, plan.frame_num, plan.motion_frames)
+        ]
+        if ours != theirs:
+            raise RuntimeError(
+                f"chunk plans disagree for shot {plan.shot_index} ({m} model frames): "
+                f"tasks.plan {ours} vs model.sampler {theirs}"
+            )
