@@ -39,6 +39,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from model.weights import QUANTS, WeightsLayout
 from tasks.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 3  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
@@ -150,9 +151,12 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
     return data
 
 
-def weights_identity(config: Mapping[str, Any]) -> str:
+def weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:
     """The model weights a shot is rendered with: tiny random weights by seed, else the weights root's
-    files (relative names, sizes, mtimes; moving the folder keeps it). Other backends: their name."""
+    files (relative names, sizes, mtimes; moving the folder keeps it). Hidden entries (a downloader's
+    `.cache/`) are not weights. The multi-person checkpoint counts only for a shot that can run two speakers
+    (``multi``: it has two or more stems), so adding it to a root re-renders no one-speaker shot. Other
+    backends: their name."""
     backend = config["backend"]
     if backend["name"] != "infinitetalk":
         return f"backend:{backend['name']}"
@@ -164,11 +168,16 @@ def weights_identity(config: Mapping[str, Any]) -> str:
     root = Path(str(opts["weights"]))
     if not root.is_dir():
         return f"absent:{root.name}"  # the render fails on it; the key must not
-    files = sorted(p for p in root.rglob("*") if p.is_file())
+    layout = WeightsLayout()
+    multi_files = {layout.dit_file(q, multi=True) for q in QUANTS}
+    multi_files |= {str(Path(f).with_suffix(".json")) for f in multi_files}
     digest = hashlib.sha256()
-    for p in files:
+    for p in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = p.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in Path(rel).parts) or (not multi and rel in multi_files):
+            continue
         st = p.stat()
-        digest.update(f"{p.relative_to(root).as_posix()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return f"{opts.get('mode')}:{digest.hexdigest()[:20]}"
 
 
@@ -244,7 +253,7 @@ def shot_inputs(
         plan=dict(plan),
         audio=audio,
         settings=shot_settings(config, int(plan["shot_index"])),
-        weights=weights_identity(config),
+        weights=weights_identity(config, multi=len(stems or {}) >= 2),
     )
 
 

@@ -59,6 +59,28 @@ def test_shot_settings_keep_only_what_changes_the_shot():
     assert merged["gate"]["overrides"] == {5: "skip", "3": "skip"}
 
 
+def test_weights_identity_counts_the_files_a_shot_can_load(tmp_path: Path):
+    """A real root's identity: a changed weights file changes it; a downloader's hidden cache and the
+    multi-person checkpoint (for a shot that cannot run two speakers) do not."""
+    from model.weights import WeightsLayout
+
+    root = tmp_path / "weights"
+    single = root / WeightsLayout().infinitetalk
+    single.parent.mkdir(parents=True)
+    single.write_bytes(b"single")
+    cfg = load_config(None, [f"infinitetalk.weights={root}"]).to_dict()
+    base = shot_key.weights_identity(cfg)
+    (root / ".cache" / "huggingface").mkdir(parents=True)
+    (root / ".cache" / "huggingface" / "x.metadata").write_text("etag")
+    multi = root / WeightsLayout().multi
+    multi.parent.mkdir(parents=True)
+    multi.write_bytes(b"multi")
+    assert shot_key.weights_identity(cfg) == base
+    assert shot_key.weights_identity(cfg, multi=True) != base
+    single.write_bytes(b"single, retrained")
+    assert shot_key.weights_identity(cfg) != base
+
+
 def test_conditioning_span_covers_the_model_window_and_context():
     cfg = load_config()
     plan = {
