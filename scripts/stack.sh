@@ -139,7 +139,11 @@ cmd_start() {
   say "API healthy at $PREFECT_API_URL"
   python "$DUBFLOW_PROJECT_DIR/scripts/ensure_pools.py" cpu-pool gpu-pool || die "cannot create the work pools"
   python "$DUBFLOW_PROJECT_DIR/scripts/ensure_heartbeat_watch.py" || die "cannot create the heartbeat watch automation"
-  if ! prefect --no-prompt deploy --all --prefect-file "$PREFECT_FILE" >"$LOG_DIR/deploy.log" 2>&1; then
+  # Without DUBFLOW_PROJECT_DIR: `prefect deploy` (3.9.1) fills `{{ $VAR }}` of the pull step from its own
+  # environment when the variable is set, which would pin every host to this checkout; unset, the
+  # placeholder is stored and each flow run resolves it from its worker's environment.
+  if ! env -u DUBFLOW_PROJECT_DIR prefect --no-prompt deploy --all --prefect-file "$PREFECT_FILE" \
+    >"$LOG_DIR/deploy.log" 2>&1; then
     tail -n 30 "$LOG_DIR/deploy.log" >&2 || true
     die "prefect deploy --all --prefect-file $PREFECT_FILE failed (log: $LOG_DIR/deploy.log)"
   fi
