@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flows.jsonfiles import WorkspaceError
 from flows.workspace import Workspace, read_attempts, read_json
 from tasks.probe import probe
 from tests.media import decode_all, make_audio, make_clip
@@ -179,7 +180,7 @@ def test_team_stack_on_postgres_with_workers_from_a_second_clone(tmp_path: Path,
             deadline = time.monotonic() + 300
             killed, done_at_kill = None, set()
             while killed is None and time.monotonic() < deadline and thread.is_alive():
-                with contextlib.suppress(ValueError):  # the workspace does not exist yet
+                with contextlib.suppress(ValueError, WorkspaceError):  # no workspace (manifest) yet
                     ws = _workspace(shared / "workspace", "team-film")
                     attempts = read_attempts(ws)
                     starters = [a for a in attempts if a["status"] == "done" and a["shot"] in (0, 3)]
