@@ -75,7 +75,11 @@ def _psql(pg_dir: Path, port: str, query: str) -> str:
 
 
 def _clone(dest: Path) -> Path:
-    """A second checkout of this project, as another host would have it (`git clone`)."""
+    """A second checkout of this project, as another host would have it (`git clone`; a copy of the
+    files when this checkout is no git repository)."""
+    if not (PROJECT_DIR / ".git").exists():
+        ignore = shutil.ignore_patterns(".venv", ".prefect", "workspace", "out", "__pycache__")
+        return Path(shutil.copytree(PROJECT_DIR, dest, ignore=ignore))
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(PROJECT_DIR), str(dest)], check=True)
     head = subprocess.run(
         ["git", "-C", str(PROJECT_DIR), "rev-parse", "HEAD"], capture_output=True, text=True
