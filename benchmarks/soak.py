@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "shots": args.shots, "frames": frames, "film_s": round(float(frames / FPS), 1), "size": args.size,
         "workers": args.workers, "synthesis_s": round(time.monotonic() - t0, 1),
     }  # fmt: skip
-    env = {"DUBFLOW_OUTPUT_ROOTS": str(base)}
+    env = {"DUBFLOW_OUTPUT_ROOTS": str(base), "DUBFLOW_SERVER_TIMEOUT_S": "600"}  # a loaded box starts slowly
     pg_dir = None
     if args.postgres:  # the cluster's owner (`postgres` when run as root) must reach its folder
         pg_dir = Path(tempfile.mkdtemp(prefix="dubflow-soak-pg-"))
@@ -198,7 +198,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env |= {"DUBFLOW_PG_DIR": str(pg_dir), "DUBFLOW_PG_PORT": str(free_port())}
     command = "team" if args.postgres else "start"
     try:
-        with running_stack(base, n_gpu_workers=args.workers, env=env, command=command) as stack:
+        with running_stack(
+            base, n_gpu_workers=args.workers, env=env, command=command, start_timeout=900
+        ) as stack:
             if args.postgres:
                 stack.sh("workers")
             _soak(stack, args, result, film, dub, out, pg_dir)
