@@ -5,8 +5,9 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dubflow-installed
-# GPU hosts also get the `cuda` extra (cuDNN frontend attention graphs); CPU boxes and CI only `dev`.
-EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),dev$(comma)cuda,dev)
+# GPU hosts also get the `cuda` extra (cuDNN frontend attention graphs); every host `dev` and `team`
+# (asyncpg: the server on PostgreSQL, scripts/stack.sh team).
+EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),dev$(comma)team$(comma)cuda,dev$(comma)team)
 comma := ,
 
 .PHONY: setup demo demo-local test lint clean

@@ -10,15 +10,20 @@ time minus the renderer's own seconds from attempts.jsonl), the Prefect server's
 SQLite database size, and how long the film run's page data takes to load (the API calls the UI
 makes for it: no Chromium on the measuring host).
 A second run of the same film (everything cached) is timed too. Results: JSON on stdout / `--json`.
+`--postgres`: the server runs on PostgreSQL instead (`scripts/stack.sh team`: a private cluster started
+and stopped by the run; the gpu workers by `stack.sh workers`); the database size is then PostgreSQL's.
 
     python benchmarks/soak.py --shots 200 --json /tmp/soak200.json
     python benchmarks/soak.py --shots 1800 --shot-s 4 --timeout 14400     # the 2-hour film
+    python benchmarks/soak.py --shots 200 --postgres --json /tmp/soak200-pg.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +41,7 @@ sys.path.insert(0, str(PROJECT))
 
 from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
 from tests.media import _PALETTE  # noqa: E402 (distinct colours: every cut is a hard cut)
-from tests.stack import Stack, running_stack  # noqa: E402
+from tests.stack import Stack, free_port, running_stack  # noqa: E402
 
 FPS = Fraction(24000, 1001)
 
@@ -185,33 +190,65 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "shots": args.shots, "frames": frames, "film_s": round(float(frames / FPS), 1), "size": args.size,
         "workers": args.workers, "synthesis_s": round(time.monotonic() - t0, 1),
     }  # fmt: skip
-    config = {"backend": {"name": "passthrough"}, "qc": {"enabled": False},
-              "encode": {"preset": "ultrafast"}, "shots": {"detect_width": 64}}  # fmt: skip
-    env = {"DUBFLOW_OUTPUT_ROOTS": str(base)}
-    with running_stack(base, n_gpu_workers=args.workers, env=env) as stack:
-        server = stack.pid_files().get("server")
-        sampler = RssSampler(server) if server else None
-        if sampler:
-            sampler.start()
-        params = {"source": str(film), "audio": str(dub), "out": str(out), "config": config}
-        first = stack.run_deployment("dub-film/default", params, timeout=args.timeout)
-        result["first_run"] = {"rc": first.rc, "wall_s": round(first.wall_s, 1)}
-        if first.rc != 0:
-            result["first_run"]["tail"] = first.output[-3000:]
-            return result
-        result |= shot_overheads(stack, stack.workspace, first.flow_run_id)
-        result["per_shot_wall_s"] = round(first.wall_s / max(1, result.get("shot_task_runs", 0)), 3)
-        again = stack.run_deployment("dub-film/default", params, timeout=args.timeout)
-        result["cached_rerun"] = {"rc": again.rc, "wall_s": round(again.wall_s, 1)}
-        if again.rc != 0:
-            result["cached_rerun"]["tail"] = again.output[-3000:]
-        result["server_peak_rss_mib"] = sampler.stop() if sampler else None
-        db = [p for p in stack.home.glob("prefect.db*")]
-        result["sqlite_mib"] = round(sum(p.stat().st_size for p in db) / 2**20, 1)
-        result["film_run_page_api_s"] = page_load(stack, first.flow_run_id)
+    env = {"DUBFLOW_OUTPUT_ROOTS": str(base), "DUBFLOW_SERVER_TIMEOUT_S": "600"}  # a loaded box starts slowly
+    pg_dir = None
+    if args.postgres:  # the cluster's owner (`postgres` when run as root) must reach its folder
+        pg_dir = Path(tempfile.mkdtemp(prefix="dubflow-soak-pg-"))
+        pg_dir.chmod(0o755)
+        env |= {"DUBFLOW_PG_DIR": str(pg_dir), "DUBFLOW_PG_PORT": str(free_port())}
+    command = "team" if args.postgres else "start"
+    try:
+        with running_stack(
+            base, n_gpu_workers=args.workers, env=env, command=command, start_timeout=900
+        ) as stack:
+            if args.postgres:
+                stack.sh("workers")
+            _soak(stack, args, result, film, dub, out, pg_dir)
+    finally:
+        if pg_dir is not None:
+            shutil.rmtree(pg_dir, ignore_errors=True)
     if not args.keep:
         subprocess.run(["rm", "-rf", str(base)], check=False)
     return result
+
+
+def database_mib(stack: Stack, pg_dir: Path | None) -> dict[str, float]:
+    """The Prefect database's size: the SQLite files, or PostgreSQL's `pg_database_size`."""
+    if pg_dir is None:
+        db = list(stack.home.glob("prefect.db*"))
+        return {"sqlite_mib": round(sum(p.stat().st_size for p in db) / 2**20, 1)}
+    env = {**os.environ, "PGPASSWORD": (pg_dir / "password").read_text().strip()}
+    query = "select pg_database_size('prefect')"
+    size = subprocess.run(["psql", "-X", "-tA", "-h", "127.0.0.1", "-p", stack.env["DUBFLOW_PG_PORT"],
+                           "-U", "prefect", "-d", "prefect", "-c", query],
+                          env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return {"postgres_mib": round(int(size) / 2**20, 1)}
+
+
+def _soak(stack: Stack, args: argparse.Namespace, result: dict[str, Any], film: Path, dub: Path, out: Path,
+          pg_dir: Path | None) -> None:  # fmt: skip
+    """The measured part: two deployment runs of the film on a running stack; fills `result`."""
+    config = {"backend": {"name": "passthrough"}, "qc": {"enabled": False},
+              "encode": {"preset": "ultrafast"}, "shots": {"detect_width": 64}}  # fmt: skip
+    server = stack.pid_files().get("server")
+    sampler = RssSampler(server) if server else None
+    if sampler:
+        sampler.start()
+    params = {"source": str(film), "audio": str(dub), "out": str(out), "config": config}
+    first = stack.run_deployment("dub-film/default", params, timeout=args.timeout)
+    result["first_run"] = {"rc": first.rc, "wall_s": round(first.wall_s, 1)}
+    if first.rc != 0:
+        result["first_run"]["tail"] = first.output[-3000:]
+        return
+    result |= shot_overheads(stack, stack.workspace, first.flow_run_id)
+    result["per_shot_wall_s"] = round(first.wall_s / max(1, result.get("shot_task_runs", 0)), 3)
+    again = stack.run_deployment("dub-film/default", params, timeout=args.timeout)
+    result["cached_rerun"] = {"rc": again.rc, "wall_s": round(again.wall_s, 1)}
+    if again.rc != 0:
+        result["cached_rerun"]["tail"] = again.output[-3000:]
+    result["server_peak_rss_mib"] = sampler.stop() if sampler else None
+    result |= database_mib(stack, pg_dir)
+    result["film_run_page_api_s"] = page_load(stack, first.flow_run_id)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="folder for the temporary film, stack and workspace")
     parser.add_argument("--keep", action="store_true", help="keep the film, workspace and Prefect home")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--postgres", action="store_true", help="the server on PostgreSQL (stack.sh team)")
     args = parser.parse_args(argv)
     result = run(args)
     text = json.dumps(result, indent=1)

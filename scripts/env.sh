@@ -5,6 +5,8 @@
 #   PREFECT_API_URL       the server every CLI/worker/flow talks to           default http://HOST:PORT/api
 #   PREFECT_RESULTS_LOCAL_STORAGE_PATH  task results + cache records (shared path for several hosts)
 #   DUBFLOW_WORKSPACE     shot intermediates (shared path for several hosts)   default <checkout>/workspace
+#   PREFECT_SERVER_API_AUTH_STRING  the server's basic auth 'user:password' (needed beyond loopback);
+#                         this host's clients get it as PREFECT_API_AUTH_STRING unless that is set
 # shellcheck shell=bash
 
 DUBFLOW_PROJECT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +19,9 @@ export PREFECT_API_URL="${PREFECT_API_URL:-http://$DUBFLOW_HOST:$DUBFLOW_PORT/ap
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH="${PREFECT_RESULTS_LOCAL_STORAGE_PATH:-$PREFECT_HOME/results}"
 export PREFECT_WORKER_QUERY_SECONDS="${PREFECT_WORKER_QUERY_SECONDS:-2}"   # default 10 s pickup delay
+if [ -n "${PREFECT_SERVER_API_AUTH_STRING:-}" ] && [ -z "${PREFECT_API_AUTH_STRING:-}" ]; then
+  export PREFECT_API_AUTH_STRING="$PREFECT_SERVER_API_AUTH_STRING"
+fi
 export DUBFLOW_WORKSPACE="${DUBFLOW_WORKSPACE:-$DUBFLOW_PROJECT_DIR/workspace}"
 
 # Use the checkout's virtual environment unless one is already active.

@@ -3,11 +3,18 @@
 #
 #   scripts/stack.sh start     server (unless one already answers at PREFECT_API_URL), cpu-pool + gpu-pool,
 #                              `prefect deploy --all`, one cpu worker, one gpu worker per GPU
+#   scripts/stack.sh team      the server side of a team stack in one command: a private PostgreSQL
+#                              (scripts/postgres.sh; unless PREFECT_API_DATABASE_CONNECTION_URL is set),
+#                              server + UI on it, pools, deployments, the cpu worker; no gpu worker
 #   scripts/stack.sh workers   only the gpu workers, for an extra GPU host (PREFECT_API_URL = the server)
 #   scripts/stack.sh status    what runs here; exit 0 when the API answers and every started process lives
 #   scripts/stack.sh stop      stop the workers (and their in-flight flow runs), then the server
 #
 # Safe to run twice: a process whose pid file names a live process is left alone.
+# Authentication: a server bound beyond loopback (DUBFLOW_HOST other than 127.x / localhost / ::1) needs
+# PREFECT_SERVER_API_AUTH_STRING (basic auth, 'user:password'; env.sh hands it to this host's clients as
+# PREFECT_API_AUTH_STRING); every other host sets PREFECT_API_AUTH_STRING. `start`, `team` and `workers`
+# refuse to run without it unless DUBFLOW_ALLOW_NO_AUTH=1 (an authenticating proxy, a private network).
 # GPUs: GPU_IDS=0,1,3 (any CUDA_VISIBLE_DEVICES tokens, e.g. MIG UUIDs), else N_GPUS=n, else the count of
 # `nvidia-smi -L`; without GPUs one worker runs on the CPU (CUDA_VISIBLE_DEVICES empty).
 # Other knobs: DUBFLOW_PREFECT_FILE (default prefect.yaml), DUBFLOW_CPU_WORKER_LIMIT (default 4 films),
@@ -75,6 +82,24 @@ wait_healthy() {
   done
 }
 
+is_loopback() {
+  case "$1" in 127.* | localhost | ::1 | "[::1]") return 0 ;; *) return 1 ;; esac
+}
+
+# require_auth: refuse a server bound beyond loopback, or a client of a non-loopback API, without auth.
+require_auth() {
+  [ "${DUBFLOW_ALLOW_NO_AUTH:-0}" = 1 ] && return 0
+  if [ "${1:-}" = server ] && ! is_loopback "$DUBFLOW_HOST" && [ -z "${PREFECT_SERVER_API_AUTH_STRING:-}" ]; then
+    die "DUBFLOW_HOST=$DUBFLOW_HOST binds the API beyond loopback without authentication: set PREFECT_SERVER_API_AUTH_STRING='user:password' (clients: PREFECT_API_AUTH_STRING), or DUBFLOW_ALLOW_NO_AUTH=1 behind an authenticating proxy"
+  fi
+  local host="${PREFECT_API_URL#*://}"
+  host="${host%%/*}"
+  host="${host%:*}"
+  if ! is_loopback "$host" && [ -z "${PREFECT_API_AUTH_STRING:-}" ]; then
+    die "PREFECT_API_URL=$PREFECT_API_URL is not on this host and PREFECT_API_AUTH_STRING is unset: set it to the server's PREFECT_SERVER_API_AUTH_STRING (or DUBFLOW_ALLOW_NO_AUTH=1)"
+  fi
+}
+
 gpu_ids() {
   if [ -n "${GPU_IDS:-}" ]; then
     tr ',' ' ' <<<"$GPU_IDS"
@@ -101,6 +126,7 @@ start_gpu_workers() {
 }
 
 cmd_start() {
+  require_auth server
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$PREFECT_RESULTS_LOCAL_STORAGE_PATH"
   if ! alive server && api_healthy; then
     say "using the Prefect server already answering at $PREFECT_API_URL"
@@ -112,16 +138,35 @@ cmd_start() {
   wait_healthy
   say "API healthy at $PREFECT_API_URL"
   python "$DUBFLOW_PROJECT_DIR/scripts/ensure_pools.py" cpu-pool gpu-pool || die "cannot create the work pools"
-  if ! prefect --no-prompt deploy --all --prefect-file "$PREFECT_FILE" >"$LOG_DIR/deploy.log" 2>&1; then
+  python "$DUBFLOW_PROJECT_DIR/scripts/ensure_heartbeat_watch.py" || die "cannot create the heartbeat watch automation"
+  # Without DUBFLOW_PROJECT_DIR: `prefect deploy` (3.9.1) fills `{{ $VAR }}` of the pull step from its own
+  # environment when the variable is set, which would pin every host to this checkout; unset, the
+  # placeholder is stored and each flow run resolves it from its worker's environment.
+  if ! env -u DUBFLOW_PROJECT_DIR prefect --no-prompt deploy --all --prefect-file "$PREFECT_FILE" \
+    >"$LOG_DIR/deploy.log" 2>&1; then
     tail -n 30 "$LOG_DIR/deploy.log" >&2 || true
     die "prefect deploy --all --prefect-file $PREFECT_FILE failed (log: $LOG_DIR/deploy.log)"
   fi
   say "deployed $PREFECT_FILE"
   launch cpu prefect worker start --pool cpu-pool --name "cpu-$HOST_TAG" --limit "$CPU_LIMIT"
-  start_gpu_workers
+  [ "${1:-}" = no-gpu ] || start_gpu_workers
+}
+
+# team: PostgreSQL (a private cluster unless a database URL is given), then `start` without gpu workers.
+cmd_team() {
+  require_auth server
+  if [ -z "${PREFECT_API_DATABASE_CONNECTION_URL:-}" ]; then
+    PREFECT_API_DATABASE_CONNECTION_URL="$("$DUBFLOW_PROJECT_DIR/scripts/postgres.sh" start)" ||
+      die "cannot start PostgreSQL (scripts/postgres.sh start)"
+    export PREFECT_API_DATABASE_CONNECTION_URL
+    mkdir -p "$RUN_DIR"
+    touch "$RUN_DIR/postgres.started"   # `stop` stops the cluster it started
+  fi
+  cmd_start no-gpu
 }
 
 cmd_workers() {
+  require_auth client
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$PREFECT_RESULTS_LOCAL_STORAGE_PATH"
   wait_healthy
   start_gpu_workers
@@ -178,6 +223,10 @@ cmd_stop() {
   done
   [ ${#workers[@]} -eq 0 ] || stop_all "${workers[@]}"
   stop_all server
+  if [ -f "$RUN_DIR/postgres.started" ]; then
+    "$DUBFLOW_PROJECT_DIR/scripts/postgres.sh" stop || true
+    rm -f "$RUN_DIR/postgres.started"
+  fi
   say "stopped"
 }
 
@@ -194,8 +243,9 @@ cmd_status() {
 
 case "${1:-}" in
   start) cmd_start ;;
+  team) cmd_team ;;
   workers) cmd_workers ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) die "usage: $0 start|workers|status|stop" ;;
+  *) die "usage: $0 start|team|workers|status|stop" ;;
 esac

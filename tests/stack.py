@@ -47,6 +47,9 @@ class DeploymentRun:
 class Stack:
     home: Path
     env: dict[str, str]  # the environment scripts/env.sh produces for this stack
+    project: Path = (
+        PROJECT_DIR  # the checkout whose scripts/stack.sh drives it (a second clone for a 2nd host)
+    )
 
     @property
     def api_url(self) -> str:
@@ -59,8 +62,8 @@ class Stack:
     def sh(self, command: str, *, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``scripts/stack.sh <command>`` against this stack."""
         proc = subprocess.run(
-            ["bash", str(STACK_SH), command],
-            cwd=PROJECT_DIR,
+            ["bash", str(self.project / "scripts" / "stack.sh"), command],
+            cwd=self.project,
             env=self.env,
             capture_output=True,
             text=True,
@@ -73,7 +76,12 @@ class Stack:
     def prefect(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run the ``prefect`` CLI against this stack."""
         return subprocess.run(
-            ["prefect", *args], cwd=PROJECT_DIR, env=self.env, capture_output=True, text=True, timeout=timeout
+            ["prefect", *args],
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def run_deployment(self, name: str, params: Mapping[str, Any], *, timeout: float = 300) -> DeploymentRun:
@@ -93,9 +101,13 @@ class Stack:
     def client(self) -> Iterator[Any]:
         """A synchronous Prefect client of this stack (settings scoped to the block)."""
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+        settings = {
+            PREFECT_API_URL: self.api_url,
+            PREFECT_API_AUTH_STRING: self.env.get("PREFECT_API_AUTH_STRING"),
+        }
+        with temporary_settings(settings), get_client(sync_client=True) as client:
             yield client
 
     def pid_files(self) -> dict[str, int]:
@@ -146,7 +158,7 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _resolved_env(overrides: Mapping[str, str]) -> dict[str, str]:
+def _resolved_env(overrides: Mapping[str, str], project: Path = PROJECT_DIR) -> dict[str, str]:
     """The caller's environment minus PREFECT_*/DUBFLOW_*, plus overrides, passed through env.sh."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DUBFLOW_"))}
     env.pop("VIRTUAL_ENV", None)
@@ -154,7 +166,7 @@ def _resolved_env(overrides: Mapping[str, str]) -> dict[str, str]:
     env.update(overrides)
     dump = subprocess.run(
         ["bash", "-c", ". scripts/env.sh && env -0"],
-        cwd=PROJECT_DIR,
+        cwd=project,
         env=env,
         capture_output=True,
         check=True,
@@ -171,14 +183,19 @@ def running_stack(
     ui: bool = False,
     start_timeout: float = 300,
     env: Mapping[str, str] | None = None,
+    command: str = "start",
+    project: Path = PROJECT_DIR,
 ) -> Iterator[Stack]:
     """Start the stack under ``base`` (Prefect home, workspace) and tear it down on exit.
 
-    ``env`` adds variables for every stack process (workers pass them on to their flow runs).
+    ``env`` adds variables for every stack process (workers pass them on to their flow runs);
+    ``command`` is the stack.sh command (``team``: PostgreSQL + server side; ``workers``: a GPU host of
+    the server at ``env["PREFECT_API_URL"]``), ``project`` the checkout it runs from.
     """
     home = base / "prefect"
     stack = Stack(
         home=home,
+        project=project,
         env=_resolved_env(
             {
                 "DUBFLOW_PREFECT_HOME": str(home),
@@ -190,11 +207,12 @@ def running_stack(
                 "N_GPUS": str(n_gpu_workers),
                 "PREFECT_WORKER_QUERY_SECONDS": "1",
                 **(env or {}),
-            }
+            },
+            project,
         ),
     )
     try:
-        stack.sh("start", timeout=start_timeout)
+        stack.sh(command, timeout=start_timeout)
         yield stack
     finally:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -4,6 +4,7 @@ drives films through the same stack; the stop test runs last."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -39,6 +40,25 @@ def test_start_twice_keeps_processes_and_status_reports_them(dub_stack: Stack):
 def test_usage_error():
     proc = subprocess.run(["bash", str(STACK_SH), "restart"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "usage:" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "refusal"),
+    [
+        ("start", {"DUBFLOW_HOST": "0.0.0.0"}, "DUBFLOW_HOST=0.0.0.0 binds the API beyond loopback"),
+        ("team", {"DUBFLOW_HOST": "10.1.2.3"}, "DUBFLOW_HOST=10.1.2.3 binds the API beyond loopback"),
+        ("workers", {"PREFECT_API_URL": "http://head-host:4200/api"}, "PREFECT_API_AUTH_STRING is unset"),
+    ],
+)
+def test_no_auth_beyond_loopback_is_refused_before_anything_starts(tmp_path, command, env, refusal):
+    """Without Prefect's basic auth string the stack neither serves nor joins an API beyond loopback."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DUBFLOW_"))}
+    clean |= {"DUBFLOW_PREFECT_HOME": str(tmp_path / "home"), **env}
+    proc = subprocess.run(
+        ["bash", str(STACK_SH), command], env=clean, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and refusal in proc.stderr, proc.stderr
+    assert not (tmp_path / "home").exists()  # no pid file, no log, no database: nothing was started
 
 
 def test_stop_ends_every_process(dub_stack: Stack):
