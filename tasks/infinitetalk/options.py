@@ -275,8 +275,11 @@ class TiledVAE:
     from the free device memory at that moment; logs whenever the choice changes."""
 
     def __init__(self, vae: Any, tiling: VaeTiling, logger: logging.Logger | logging.LoggerAdapter):
+        from model.vae import ZeroTailMemo  # noqa: PLC0415
+
         self.vae, self.tiling, self.log = vae, tiling, logger
         self.last: TileSpec | None = None
+        self.memo = ZeroTailMemo()  # the reference-free part of the conditioning encode, for this shot
 
     def _spec(self, op: str, height: int, width: int) -> TileSpec | None:
         device = self.vae.device
@@ -302,6 +305,17 @@ class TiledVAE:
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         return self.vae.encode(video, tiling=self._spec("encode", *video.shape[-2:]))  # (B, 3, T, H, W)
+
+    def encode_reference(self, reference: torch.Tensor, length: int) -> torch.Tensor:
+        """`model.vae.WanVAE.encode_reference` (B, 3, 1, H, W) -> the latent of [reference, zeros...]."""
+        tiling = self._spec("encode", *reference.shape[-2:])
+        if not hasattr(self.vae, "encode_reference"):  # another codec (a test's): the plain encode
+            import torch  # noqa: PLC0415
+
+            b, c, _, h, w = reference.shape
+            pixels = torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], dim=2)
+            return self.vae.encode(pixels, tiling=tiling)
+        return self.vae.encode_reference(reference, length, self.memo, tiling=tiling)
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         h, w = (8 * n for n in latent.shape[-2:])  # (B, 16, L, h, w) -> pixels
