@@ -283,12 +283,40 @@ def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
                 t2 = time.perf_counter()
         name = str(dtype).removeprefix("torch.")
         out[name] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
+        out[name] |= reference_reuse(vae, video, cuda)
         if dtype == torch.float32:
             ref = {"z": z.float(), "x": x.float()}
         else:
             for k, v in (("z", z), ("x", x)):
                 out[name][f"drift_{k}"] = float((v.float() - ref[k]).norm() / ref[k].norm())
         del vae
+    return out
+
+
+def reference_reuse(vae: Any, video: Any, cuda: bool) -> dict[str, Any]:
+    """The conditioning clip [frame, zeros] of the video's first and last frames: full encode vs
+    `encode_reference` (first call fills the memo, second reuses it): seconds, and bit-identity."""
+    import torch
+
+    from model.vae import ZeroTailMemo
+
+    memo, out = ZeroTailMemo(), {}
+    n = video.shape[2]
+    for name, ref in (("fill", video[:, :, :1]), ("reuse", video[:, :, -1:])):
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            full = vae.encode(torch.cat([ref, torch.zeros_like(video[:, :, 1:])], dim=2))
+            torch.cuda.synchronize() if cuda else None
+            t1 = time.perf_counter()
+            got = vae.encode_reference(ref, n, memo)
+            torch.cuda.synchronize() if cuda else None
+            t2 = time.perf_counter()
+        out[f"ref_{name}"] = {
+            "full_s": round(t1 - t0, 3),
+            "memo_s": round(t2 - t1, 3),
+            "equal": torch.equal(full, got),
+        }
+    out["memo_gib"] = round(sum(x.numel() * x.element_size() for _, x in memo.steps.values()) / 2**30, 3)
     return out
 
 
