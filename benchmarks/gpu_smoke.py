@@ -289,6 +289,20 @@ def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
         else:
             for k, v in (("z", z), ("x", x)):
                 out[name][f"drift_{k}"] = float((v.float() - ref[k]).norm() / ref[k].norm())
+        if cuda and dtype == torch.bfloat16:  # the same with cuDNN's autotuner (the warm-up turns it on)
+            torch.backends.cudnn.benchmark = True
+            with torch.no_grad():
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    vae.encode(video)
+                    torch.cuda.synchronize()
+                    t1 = time.perf_counter()
+                    vae.decode(z)
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+            out[name]["cudnn_benchmark"] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
+            out[name]["cudnn_benchmark"] |= reference_reuse(vae, video, cuda)
+            torch.backends.cudnn.benchmark = False
         del vae
     return out
 

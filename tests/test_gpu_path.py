@@ -88,3 +88,26 @@ def test_compile_warm_up_runs_once_per_size_and_changes_no_output(
         hook.remove()
     warm = render_shot_result(_job(tmp_path / "b", ws_root, 0, (0, 8), over), backend=backend)
     assert decode_all(warm["path"]).tobytes() == decode_all(cold["path"]).tobytes()
+
+
+def test_fast_preset_accepts_a_declared_distilled_checkpoint(tmp_path: Path):
+    """`distilled: true` lets the fast preset run on a root without any LoRA (none is merged); without it
+    the one-line error names both ways; the declaration enters the shot key only when set."""
+    from tasks.config import load_config
+    from tasks.errors import ConfigError
+    from tasks.infinitetalk.options import resolve_options
+    from tasks.shot_key import shot_settings
+
+    root = tmp_path / "weights"
+    root.mkdir()
+    fast = ["infinitetalk.preset=fast", f"infinitetalk.weights={root}", "infinitetalk.mode=infinitetalk-480"]
+    with pytest.raises(ConfigError, match=r"fast needs .* infinitetalk\.distilled: true; 4 undistilled"):
+        resolve_options(load_config(overrides=fast))
+    opts = resolve_options(load_config(overrides=[*fast, "infinitetalk.distilled=true"]))
+    assert (opts.distilled, opts.loras, opts.steps, opts.text_guide_scale) == (True, (), 4, 1.0)
+    with pytest.raises(ConfigError, match="infinitetalk.distilled: true needs a weights root"):
+        resolve_options(load_config(overrides=["infinitetalk.preset=fast", "infinitetalk.distilled=true"]))
+    plain = load_config(overrides=["backend.name=infinitetalk"]).to_dict()
+    declared = load_config(overrides=["backend.name=infinitetalk", "infinitetalk.distilled=true"]).to_dict()
+    assert "distilled" not in shot_settings(plain, 0)["infinitetalk"]
+    assert shot_settings(declared, 0)["infinitetalk"]["distilled"] is True

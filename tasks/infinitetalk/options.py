@@ -117,7 +117,12 @@ def distill_loras(root: Path) -> list[Path]:
 
 def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
     """The fast preset's requirement: a step-distill LoRA in `loras`, else the weights root's (added at
-    scale 1.0). 4 undistilled steps give noise, not a dub: without one this is a ConfigError."""
+    scale 1.0), unless `distilled: true` declares the root's DiT step-distilled already (then none is
+    added). 4 undistilled steps give noise, not a dub: without either this is a ConfigError."""
+    if opts.distilled:
+        if opts.weights is None:
+            raise ConfigError("infinitetalk.distilled", "true needs a weights root (tiny mode has none)")
+        return opts
     if any(any(n in Path(lora["path"]).name.lower() for n in DISTILL_NAMES) for lora in opts.loras):
         return opts
     root = Path(opts.weights) if opts.weights is not None else None
@@ -126,8 +131,8 @@ def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
         where = f"in {root} or its loras/" if root is not None else "(tiny mode has no weights root)"
         raise ConfigError(
             "infinitetalk.preset",
-            f"fast needs a step-distilled LoRA (lightx2v / FusionX) in infinitetalk.loras or {where}; "
-            "4 undistilled steps are noise",
+            f"fast needs a step-distilled LoRA (lightx2v / FusionX) in infinitetalk.loras or {where}, "
+            "or a step-distilled DiT declared with infinitetalk.distilled: true; 4 undistilled steps are noise",
         )
     if opts.quant != "none":
         raise ConfigError("infinitetalk.preset", "fast merges a step-distill LoRA: it needs quant: none")

@@ -6,7 +6,9 @@ the VAE and CLIP are paid when the models are loaded, not inside a shot's first 
 session calls it under its "load" stage, so a shot that finds the models resident and warm pays nothing.
 It runs only where the DiT is compiled (CUDA by default): an eager model has nothing worth warming.
 What it generates is thrown away: its noise comes from its own CPU generator and its inputs are zeros,
-so no shot's output depends on whether (or how often) it ran. No shot state here, no files.
+so no shot's output depends on whether (or how often) it ran. On CUDA it also turns on cuDNN's
+autotuner (`torch.backends.cudnn.benchmark`), whose trials the synthetic chunks pay for the shot's shapes.
+No shot state here, no files.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def warm_up(
     )
 
     def run() -> float:
+        if device.startswith("cuda"):  # cuDNN's autotuner for the VAE's convolutions: the warm-up's
+            import torch  # noqa: PLC0415 (synthetic chunks pay its trials; a process-wide torch flag)
+
+            torch.backends.cudnn.benchmark = True
         t0 = time.perf_counter()
         _two_chunks(backend, model_hw, settings, device, spec.dtype)
         seconds = time.perf_counter() - t0
