@@ -111,3 +111,63 @@ def test_fast_preset_accepts_a_declared_distilled_checkpoint(tmp_path: Path):
     declared = load_config(overrides=["backend.name=infinitetalk", "infinitetalk.distilled=true"]).to_dict()
     assert "distilled" not in shot_settings(plain, 0)["infinitetalk"]
     assert shot_settings(declared, 0)["infinitetalk"]["distilled"] is True
+
+
+def test_next_shot_is_prepared_one_ahead_and_its_errors_stay_with_it(tmp_path: Path):
+    """render_group prepares shot i+1 while shot i runs, never runs a shot before its preparation
+    returned, and a preparation that raised fails that shot alone (its render never starts)."""
+    import threading
+
+    from flows.runners import render_group
+    from flows.workspace import Workspace
+
+    ws = Workspace(root=str(tmp_path), key="k", incarnation="i")
+    shots = [{"index": i, "key": f"s{i}"} for i in range(4)]
+    log, lock, released = [], threading.Lock(), threading.Event()
+
+    def prepare(shot):
+        with lock:
+            log.append(("prepare", shot["index"]))
+        if shot["index"] == 1:
+            assert released.wait(10)  # shot 1 is prepared while shot 0 runs
+        if shot["index"] == 2:
+            raise ValueError("gate failed for shot 2")
+
+    def run_shot(shot):
+        with lock:
+            log.append(("run", shot["index"]))
+        if shot["index"] == 0:
+            released.set()
+        return None
+
+    failed = render_group(ws, shots, run_shot, prepare)
+    assert list(failed) == [2] and "ValueError: gate failed for shot 2" in failed[2]
+    runs = [e[1] for e in log if e[0] == "run"]
+    assert runs == [0, 1, 3]
+    for i in runs:  # every shot ran after its own preparation, and the next one was started before it
+        assert log.index(("prepare", i)) < log.index(("run", i))
+        if i + 1 < len(shots):
+            assert log.index(("prepare", i + 1)) < log.index(("run", i)) + 2
+
+
+def test_a_prepared_decision_is_the_one_the_render_uses(tmp_path: Path, ws_root: Path):
+    """`prepare_decision` (the next shot's preparation) keeps the gate's decision where the render reads
+    it: the render then gates nothing and writes the same frames as a render that gated itself."""
+    from tasks.render import prepare_decision
+
+    class Counting(InfiniteTalkBackend):
+        gated = 0
+
+        def prepare_shot(self, *args, **kwargs):
+            Counting.gated += 1
+            return super().prepare_shot(*args, **kwargs)
+
+    over = ["gate.policy=all", "qc.enabled=false", *SHORT_CHUNKS]
+    plain = render_shot_result(_job(tmp_path / "a", ws_root, 0, (0, 5), over), backend=Counting({}))
+    assert Counting.gated == 1
+    job = _job(tmp_path / "b", ws_root, 0, (0, 5), over)
+    decision = prepare_decision(job, Counting({}))
+    assert decision is not None and decision.dub and Counting.gated == 2
+    prepared = render_shot_result(job, backend=Counting({}))
+    assert Counting.gated == 2 and prepared["reason"] == plain["reason"]
+    assert decode_all(prepared["path"]).tobytes() == decode_all(plain["path"]).tobytes()
