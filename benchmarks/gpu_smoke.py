@@ -13,10 +13,13 @@ split is exact). Runs (each in its own process, so model load and peak memory ar
     a random one in the lightx2v format).
 The shot: 10 s of 1280x720 at 24 fps (a moving test pattern, H.264; `--clip FILE` uses a given one) with
 the committed test speech repeated as the dub.
-Reported per run: model load (process start + imports, then DiT/VAE/CLIP to the GPU), the per-stage split,
-GPU idle % between the end of the first and the end of the last chunk (NVML utilisation sampled every
-20 ms), peak memory (torch allocator and NVML), DiT calls and seconds per call, H200-s per second of
-video (shot wall time without model load / video seconds).
+Reported per run: model load (process start + imports, DiT/VAE/CLIP to the GPU, then the load's compile
+warm-up at the shot's model size, `tasks.infinitetalk.warmup`), the film preparation (umT5 prompt embedding
+and wav2vec2 features of the whole dub track: once per film, cached), then the shot as a resident worker
+renders it (models loaded and warm, the film's features cached): the per-stage split, GPU idle % from
+chunk 2's first DiT call to the last one (NVML utilisation sampled every 20 ms), peak memory (torch
+allocator and NVML), DiT calls and seconds per call, H200-s per second of video (shot wall time / video
+seconds). The `vae` run also checks the conditioning-clip encode with reuse bit-identical on the device.
 
 `--tiny`: the same on the CPU with the tiny random root (and a tiny LoRA): a smoke test of this script
 for CI and development; its numbers mean nothing.
