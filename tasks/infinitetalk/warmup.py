@@ -16,24 +16,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.options import TiledVAE, resolve_device
-
-if TYPE_CHECKING:
-    from tasks.infinitetalk.session import SessionBackend
 
 log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
 
 AUDIO_BLOCKS, AUDIO_CHANNELS = 12, 768  # wav2vec2 features per frame (the DiT checks its own config)
 
 
-def warm_up(
-    backend: SessionBackend, model_hw: tuple[int, int], settings: Any, *, force: bool = False
-) -> float | None:
-    """Warm the resident models for `model_hw` (H, W) and the shot sampler `settings` (its chunking and
+def warm_up(backend: Any, model_hw: tuple[int, int], settings: Any, *, force: bool = False) -> float | None:
+    """Warm `backend`'s (an `InfiniteTalkBackend`) resident models for `model_hw` (H, W) and the shot sampler `settings` (its chunking and
     guidance; one step from pure noise is run) unless done already: seconds spent, None if skipped.
 
     Skipped when the DiT is not compiled (unless `force`: tests run it eagerly on the tiny model) and with
@@ -68,9 +63,7 @@ def warm_up(
     return resident.RESIDENT.warm(key, run)
 
 
-def _two_chunks(
-    backend: SessionBackend, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any
-) -> None:
+def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
     """Chunk 0 and a continuation chunk (motion frames encoded) of a zero shot; outputs dropped."""
     import torch  # noqa: PLC0415
 
