@@ -28,8 +28,9 @@ AUDIO_BLOCKS, AUDIO_CHANNELS = 12, 768  # wav2vec2 features per frame (the DiT c
 
 
 def warm_up(backend: Any, model_hw: tuple[int, int], settings: Any, *, force: bool = False) -> float | None:
-    """Warm `backend`'s (an `InfiniteTalkBackend`) resident models for `model_hw` (H, W) and the shot sampler `settings` (its chunking and
-    guidance; one step from pure noise is run) unless done already: seconds spent, None if skipped.
+    """Warm the resident models of `backend` (an `InfiniteTalkBackend`) for `model_hw` (H, W) and the shot
+    sampler `settings` (its chunking and guidance; one step from pure noise is run) unless done already:
+    seconds spent, None if skipped.
 
     Skipped when the DiT is not compiled (unless `force`: tests run it eagerly on the tiny model) and with
     `gpus_per_shot > 1` (the ranks hold the models; their first chunk still compiles).
