@@ -421,14 +421,20 @@ class WanVAE:
 
     @torch.no_grad()
     def encode_reference(
-        self, reference: torch.Tensor, length: int, memo: ZeroTailMemo, tiling: TileSpec | None = None
+        self,
+        reference: torch.Tensor,
+        length: int,
+        memo: ZeroTailMemo | None = None,
+        tiling: TileSpec | None = None,
     ) -> torch.Tensor:
         """`encode` of [reference (B, 3, 1, H, W), length - 1 zero frames], the sampler's image condition:
-        the same latent, bit for bit; untiled, it reuses the reference-free part of the encode from `memo`."""
+        the same latent, bit for bit; untiled, it reuses the reference-free part of the encode from `memo`
+        (None: a memo of this call only, i.e. no reuse)."""
         _check_video(reference)
         if tiling is not None:
             b, c, _, h, w = reference.shape
             return self.encode(torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], 2), tiling)
+        memo = ZeroTailMemo() if memo is None else memo
         mu = self.model.encode_reference_clip(reference.to(self.device, self.dtype), length, memo)
         return (mu.float() - self.mean) * self.inv_std
 
