@@ -75,7 +75,7 @@ from flows.report import group_report, publish_groups, reused_shots, shot_record
 from flows.run_lock import hold_lock
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
-from flows.shot_task import BackendSlot, dub_shot
+from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot
 from flows.workspace import (
     MANIFEST,
     RUN_LOCK,
@@ -129,7 +129,10 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
         error = state.result(raise_on_failure=False)
         return error if isinstance(error, BaseException) else RuntimeError(state.message or state.name)
 
-    failed = render_group(workspace, shots, run_shot)
+    prepare = functools.partial(
+        prepare_one_shot, workspace, film, backends=BackendSlot.for_config(film["config"])
+    )
+    failed = render_group(workspace, shots, run_shot, prepare)
     if failed:
         first = next(iter(failed.items()))
         raise ShotsFailed(

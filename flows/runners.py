@@ -10,8 +10,10 @@ imports the flows.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 from prefect import Task
@@ -19,7 +21,7 @@ from prefect.futures import wait
 
 from flows.groups import Group
 from flows.runtime import where_am_i
-from flows.shot_task import BackendSlot, dub_shot, failure_reason
+from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot
 from flows.workspace import Workspace, mark_shot_failed, shot_done
 
 log = logging.getLogger(__name__)
@@ -29,15 +31,32 @@ GPU_POOL = "gpu-pool"
 ShotRunner = Callable[[dict[str, Any]], BaseException | None]
 
 
-def render_group(ws: Workspace, shots: Sequence[dict[str, Any]], run_shot: ShotRunner) -> dict[int, str]:
+def render_group(
+    ws: Workspace,
+    shots: Sequence[dict[str, Any]],
+    run_shot: ShotRunner,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[int, str]:
     """Every shot of a group in order; failures are recorded and never stop the others (recording one
-    never raises either, e.g. on a full disk). The failed shots: {index: reason}."""
+    never raises either, e.g. on a full disk). The failed shots: {index: reason}.
+
+    `prepare(shot)` (`flows.shot_task.prepare_one_shot`: the gate, region plan, decision) runs one shot
+    ahead on a thread of its own while the current shot renders; a shot runs only after its preparation
+    returned, and a preparation that raised is that shot's failure (its render does not start).
+    """
     failed = {}
-    for shot in shots:
-        error = run_shot(shot)
-        if error is not None:
-            failed[shot["index"]] = failure_reason(error)
-            mark_shot_failed(ws, shot["index"], shot["key"], failed[shot["index"]], where_am_i())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shot-prepare") as pool:
+        ahead: Future | None = pool.submit(prepare, shots[0]) if prepare and shots else None
+        for i, shot in enumerate(shots):
+            mine, ahead = ahead, None
+            error = mine.exception() if mine is not None else None  # waits for this shot's preparation
+            if prepare and i + 1 < len(shots):
+                ahead = pool.submit(prepare, shots[i + 1])  # the next shot's, while this one renders
+            if error is None:
+                error = run_shot(shot)
+            if error is not None:
+                failed[shot["index"]] = failure_reason(error)
+                mark_shot_failed(ws, shot["index"], shot["key"], failed[shot["index"]], where_am_i())
     return failed
 
 
@@ -69,6 +88,7 @@ class InlineRunner:
         self, ws: Workspace, film: dict[str, Any], shots: list[dict[str, Any]], groups: list[Group]
     ) -> dict[int, str]:
         backends = BackendSlot.for_config(film["config"])  # one backend for the whole film
+        gate = BackendSlot.for_config(film["config"])  # the shot preparation's, one shot ahead
 
         def run_shot(shot: dict[str, Any]) -> BaseException | None:
             try:
@@ -80,7 +100,8 @@ class InlineRunner:
 
         states = {}
         for group in groups:
-            failed = render_group(ws, [shots[i] for i in group.shots], run_shot)
+            prepare = functools.partial(prepare_one_shot, ws, film, backends=gate)
+            failed = render_group(ws, [shots[i] for i in group.shots], run_shot, prepare)
             self.errors += [f"shot {i:04d}: {why}" for i, why in failed.items()]
             states[group.index] = "Failed" if failed else "Completed"
         return states

@@ -26,7 +26,7 @@ from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, r
 from tasks.backend import Backend, get_backend
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
-from tasks.render import ShotJob, render_shot_result
+from tasks.render import ShotJob, prepare_decision, render_shot_result
 from tasks.shot_key import shot_config
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,30 @@ def _fault(shot_dir: Path, index: int, debug: DebugConfig) -> Callable[[float], 
     return check
 
 
+def shot_job(ws: Workspace, film: dict[str, Any], shot: dict[str, Any]) -> ShotJob:
+    """The shot's render job in the workspace (the global config + the shot's own overrides)."""
+    config = shot_config(film["config"], shot.get("overrides"))
+    return ShotJob(
+        film["video"],
+        shot["plan"],
+        film["dialogue"],
+        tuple(shot["audio_range"]),
+        str(ws.shot_dir(shot["index"], shot["key"]) / "shot.mkv"),
+        config,
+        work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
+        stems=dict(film.get("stems") or {}),  # character -> checked stem wav (`dubflow dub --stem`)
+    )
+
+
+def prepare_one_shot(
+    ws: Workspace, film: dict[str, Any], shot: dict[str, Any], backends: BackendSlot
+) -> None:
+    """The shot's CPU preparation ahead of its render (`tasks.render.prepare_decision`), unless it is done.
+    `backends`: a slot of its own (the gate binds its backend to the shot's config; it loads no model)."""
+    if read_shot_done(ws, shot["index"], shot["key"]) is None:
+        prepare_decision(shot_job(ws, film, shot), backends.get())
+
+
 def render_one_shot(
     ws: Workspace,
     film: dict[str, Any],
@@ -130,18 +154,8 @@ def _render_unlocked(
     done = read_shot_done(ws, index, key)
     if done is not None:
         return done["result"]
-    config = shot_config(film["config"], shot.get("overrides"))  # the global config + the shot's own
-    cfg = PipelineConfig.from_dict(config)
-    job = ShotJob(
-        film["video"],
-        shot["plan"],
-        film["dialogue"],
-        tuple(shot["audio_range"]),
-        str(ws.shot_dir(index, key) / "shot.mkv"),
-        config,
-        work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
-        stems=dict(film.get("stems") or {}),  # character -> checked stem wav (`dubflow dub --stem`)
-    )
+    job = shot_job(ws, film, shot)
+    cfg = PipelineConfig.from_dict(job.config)
     hooks = [h for h in (on_progress, _fault(ws.shot_dir(index, key), index, cfg.debug)) if h is not None]
 
     def report(fraction: float) -> None:

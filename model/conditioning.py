@@ -119,11 +119,16 @@ def first_frame_mask(
 def build_y(vae: FrameEncoder, reference: torch.Tensor, length: int) -> torch.Tensor:
     """Image condition ``[mask, VAE(reference, zeros...)]``: (1, 20, F_lat, h, w).
 
-    reference: (1, 3, 1, H, W) in [-1, 1].
+    reference: (1, 3, 1, H, W) in [-1, 1]. A VAE with ``encode_reference(reference, length)`` (the same
+    latent, bit for bit, reusing what does not depend on the reference: `model.vae.WanVAE`) is asked that.
     """
-    _, c, _, h, w = reference.shape
-    pixels = torch.cat([reference, reference.new_zeros(1, c, length - 1, h, w)], dim=2)  # (1,3,L,H,W)
-    lat = vae.encode(pixels)  # (1, 16, F_lat, h, w)
+    encode_reference = getattr(vae, "encode_reference", None)
+    if callable(encode_reference):
+        lat = encode_reference(reference, length)  # (1, 16, F_lat, h, w)
+    else:
+        _, c, _, h, w = reference.shape
+        pixels = torch.cat([reference, reference.new_zeros(1, c, length - 1, h, w)], dim=2)  # (1,3,L,H,W)
+        lat = vae.encode(pixels)  # (1, 16, F_lat, h, w)
     msk = first_frame_mask(length, lat.shape[-2:], device=lat.device).to(lat.dtype)
     return torch.cat([msk, lat], dim=1)
 

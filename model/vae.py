@@ -14,6 +14,7 @@ a little (see `tests/test_vae.py` for the measured error).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,17 @@ class CausalCache:
     @property
     def started(self) -> bool:
         return bool(self.frames)
+
+
+@dataclass
+class ZeroTailMemo:
+    """Encoder step outputs of a reference-plus-zeros clip that do not depend on the reference frame
+    (`CausalVAE.encode_reference_clip`), kept by time chunk: {chunk: (step index, output)}. One per shot:
+    filled by its first chunk's conditioning encode, reused by the others (`key` = model, shape, dtype).
+    Size: outputs from half resolution on only, ~0.8 GB for an 81-frame 896x448 clip in bfloat16."""
+
+    key: tuple | None = None
+    steps: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +217,7 @@ class AttentionBlock(nn.Module):
         return _batch_to_frames(self.proj(y), b) + x
 
 
-def _run(layers: nn.Sequential, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+def _run(layers: Iterable[nn.Module], x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
     """Apply a sequence, handing the cache to the layers that keep causal state."""
     for layer in layers:
         x = layer(x, cache) if isinstance(layer, CausalConv3d | ResidualBlock | Resample) else layer(x)
@@ -235,11 +247,30 @@ class Encoder3d(nn.Module):
         self.middle = nn.Sequential(ResidualBlock(top, top), AttentionBlock(top), ResidualBlock(top, top))
         self.head = nn.Sequential(RMSNorm(top), nn.SiLU(), CausalConv3d(top, cfg.z_dim * 2, 3, padding=1))
 
-    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
-        x = self.conv1(x, cache)
-        for seq in (self.downsamples, self.middle, self.head):
-            x = _run(seq, x, cache)
-        return x
+    def steps(self) -> list[nn.Module]:
+        """The encoder as one flat sequence of layers (what `forward` runs, in order)."""
+        return [self.conv1, *self.downsamples, *self.middle, *self.head]
+
+    def forward(
+        self, x: torch.Tensor, cache: CausalCache, lo: int = 0, hi: int | None = None
+    ) -> torch.Tensor:
+        """Steps [lo, hi) of `steps()` (default: all) on one time chunk."""
+        return _run(self.steps()[lo:hi], x, cache)
+
+    def chunk_reach(self) -> list[int]:
+        """Per step: how many time chunks after chunk 0 (a clip's first frame) its output may still depend
+        on that frame, counted conservatively per chunk (a call whose input or causal cache holds anything
+        derived from frame 0 counts as dependent): a causal conv of time padding p at f frames per chunk
+        reaches ceil(p / f) chunks further, a temporal downsampler one (it keeps one frame), the rest none."""
+        reach, per_chunk, out = 0, TIME_STRIDE, []
+        for step in self.steps():
+            if isinstance(step, Resample) and step.mode == "downsample3d":
+                reach, per_chunk = reach + 1, per_chunk // 2
+            else:
+                convs = [m for m in step.modules() if isinstance(m, CausalConv3d) and m.time_pad]
+                reach += sum(-(-c.time_pad // per_chunk) for c in convs)  # in sequence (shortcuts are 1x1x1)
+            out.append(reach)
+        return out
 
 
 class Decoder3d(nn.Module):
@@ -306,6 +337,36 @@ class CausalVAE(nn.Module):
         mu, _log_var = self.conv1(torch.cat(feats, dim=2)).chunk(2, dim=1)
         return mu
 
+    def encode_reference_clip(self, reference: torch.Tensor, length: int, memo: ZeroTailMemo) -> torch.Tensor:
+        """`encode` of [reference, length - 1 zero frames] (B, 3, 1, H, W) -> mu (B, z, 1 + (length-1)/4, h, w),
+        bit-identical to it, reusing from `memo` every encoder step output that cannot depend on the
+        reference (`Encoder3d.chunk_reach`): the first call for a shape fills the memo, later ones skip, for
+        each time chunk past the reach, the encoder steps up to the deepest one it no longer depends on."""
+        b, c, _, h, w = reference.shape
+        if (length - 1) % TIME_STRIDE:
+            raise ValueError(f"VAE encode needs 1 + 4k frames, got {length}")
+        video = torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], dim=2)  # (B, 3, L, H, W)
+        key = (id(self), tuple(video.shape), video.dtype, str(video.device))
+        if memo.key != key:
+            memo.key, memo.steps = key, {}
+        reach = self.encoder.chunk_reach()
+        cache = CausalCache()
+        bounds = [(0, 1)] + [(s, s + TIME_STRIDE) for s in range(1, length, TIME_STRIDE)]
+        feats = []
+        for k, (a, e) in enumerate(bounds):
+            free = max((i for i, r in enumerate(reach) if r < k), default=-1)  # deepest step free of frame 0
+            if k in memo.steps:
+                step, x = memo.steps[k]
+            else:
+                step, x = free, video[:, :, a:e]
+                if free >= 0:
+                    x = self.encoder(x, cache, 0, free + 1)
+                    if 2 * x.shape[-1] <= w:  # kept from half resolution on: full-size ones cost more memory
+                        memo.steps[k] = (free, x.clone())  # than the little compute they would save
+            feats.append(self.encoder(x, cache, step + 1))  # (B, 2z, 1, h, w)
+        mu, _log_var = self.conv1(torch.cat(feats, dim=2)).chunk(2, dim=1)
+        return mu
+
     def decode(self, z: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
         """Unscaled latent (B, z, L, h, w) -> video (B, 3, 1 + 4(L-1), 8h, 8w) (4L when continuing)."""
         cache = CausalCache() if cache is None else cache
@@ -356,6 +417,25 @@ class WanVAE:
             mu = tiled_apply(
                 self.model.encode, x, tiling.tile, tiling.stride, 1 / SPACE_STRIDE, self.z_dim, frames
             )
+        return (mu.float() - self.mean) * self.inv_std
+
+    @torch.no_grad()
+    def encode_reference(
+        self,
+        reference: torch.Tensor,
+        length: int,
+        memo: ZeroTailMemo | None = None,
+        tiling: TileSpec | None = None,
+    ) -> torch.Tensor:
+        """`encode` of [reference (B, 3, 1, H, W), length - 1 zero frames], the sampler's image condition:
+        the same latent, bit for bit; untiled, it reuses the reference-free part of the encode from `memo`
+        (None: a memo of this call only, i.e. no reuse)."""
+        _check_video(reference)
+        if tiling is not None:
+            b, c, _, h, w = reference.shape
+            return self.encode(torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], 2), tiling)
+        memo = ZeroTailMemo() if memo is None else memo
+        mu = self.model.encode_reference_clip(reference.to(self.device, self.dtype), length, memo)
         return (mu.float() - self.mean) * self.inv_std
 
     @torch.no_grad()

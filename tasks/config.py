@@ -178,6 +178,7 @@ class InfiniteTalkConfig:
     offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
     vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
     vae_tile_px: int  # tile side with vae_tiling: true (tiles overlap by a quarter)
+    distilled: bool  # the root's DiT is already step-distilled (merged): the fast preset needs no LoRA
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,47 @@ def write_shot_qc(
     return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
 
 
+def _decision(
+    backend: Any, plan: ShotPlan, geometry: ModelGeometry, shot_audio: np.ndarray, context: ShotContext,
+    seg_dir: Path,
+) -> ShotDecision | None:  # fmt: skip
+    """The shot's dub decision with a gating backend (None without one): the one kept next to the chunk
+    checkpoints (`decision.json`, e.g. written ahead by `prepare_decision`), else the gate's, then kept."""
+    if not callable(getattr(backend, "prepare_shot", None)):
+        return None
+    decision_file = seg_dir / "decision.json"
+    kept = read_marker(decision_file)  # unreadable: logged, the gate runs again
+    if kept is not None:
+        return ShotDecision.from_dict(kept)
+    sr = context.dialogue.sample_rate
+    decision = backend.prepare_shot(plan, geometry, shot_audio, sr, context)
+    write_marker(decision_file, decision.to_dict())
+    return decision
+
+
+def prepare_decision(job: ShotJob | dict[str, Any], backend: Any | None = None) -> ShotDecision | None:
+    """A shot's CPU preparation ahead of its render (the next shot's, while the current one generates):
+    its dub decision (speech, face analysis when needed, region plan) is taken and kept where
+    `render_shot_result` looks for it, which then reads it instead of gating again. Same decision as the
+    render's own, so nothing in the output changes. `backend`: a gating backend of the shot's config,
+    not the one rendering now (the gate binds its backend to the shot's config)."""
+    job = ShotJob.from_dict(job) if isinstance(job, dict) else job
+    cfg = PipelineConfig.from_dict(job.config)
+    info, plan = VideoInfo.from_dict(job.video), ShotPlan.from_dict(job.plan)
+    track = DialogueTrack.from_dict(job.dialogue)
+    out = Path(job.out_path)
+    backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
+    seg_dir = out.with_name(out.stem + ".chunks")
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    stems = {name: Path(p) for name, p in job.stems.items()}
+    context = ShotContext(
+        Path(job.work_dir) if job.work_dir else run_dir(out), info, track, job.audio_range, cfg, stems
+    )
+    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
+    shot_audio = read_samples(track, *job.audio_range)  # (S, C) float32
+    return _decision(backend, plan, geometry, shot_audio, context, seg_dir)
+
+
 def render_shot(
     job: ShotJob | dict[str, Any],
     *,
@@ -257,16 +298,10 @@ def render_shot_result(
     # 1. the dub decision (gating backends), taken once and kept with the checkpoints
     stems = {name: Path(p) for name, p in job.stems.items()}
     context = ShotContext(work_dir, info, track, (a0, a1), cfg, stems)
-    decision: ShotDecision | None = None
-    if callable(getattr(backend, "prepare_shot", None)):
-        decision_file = seg_dir / "decision.json"
-        kept = read_marker(decision_file)  # unreadable: logged, the gate runs again
-        if kept is not None:
-            decision = ShotDecision.from_dict(kept)
-        else:
-            with timer("gate"):
-                decision = backend.prepare_shot(plan, geometry, shot_audio, track.sample_rate, context)
-            write_marker(decision_file, decision.to_dict())
+    gating = callable(getattr(backend, "prepare_shot", None))
+    with timer("gate") if gating else nullcontext():
+        decision = _decision(backend, plan, geometry, shot_audio, context, seg_dir)
+    if decision is not None:
         plan = split_at(plan, switch_frames(decision))  # a speaker switch: one sampler run per part
     checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
     segments = [checkpoints.segment(c.index) for c in plan.chunks]

@@ -135,6 +135,8 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
         data["infinitetalk"] = {**data["infinitetalk"], **backend.get("options", {})}
         backend["options"] = {}
         data["infinitetalk"].pop("weights", None)
+        if not data["infinitetalk"].get("distilled"):  # the default adds nothing: existing keys stay valid
+            data["infinitetalk"].pop("distilled", None)
         data["infinitetalk"]["loras"] = [
             [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
             for lo in data["infinitetalk"].get("loras", ())

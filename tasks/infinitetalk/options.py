@@ -117,7 +117,12 @@ def distill_loras(root: Path) -> list[Path]:
 
 def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
     """The fast preset's requirement: a step-distill LoRA in `loras`, else the weights root's (added at
-    scale 1.0). 4 undistilled steps give noise, not a dub: without one this is a ConfigError."""
+    scale 1.0), unless `distilled: true` declares the root's DiT step-distilled already (then none is
+    added). 4 undistilled steps give noise, not a dub: without either this is a ConfigError."""
+    if opts.distilled:
+        if opts.weights is None:
+            raise ConfigError("infinitetalk.distilled", "true needs a weights root (tiny mode has none)")
+        return opts
     if any(any(n in Path(lora["path"]).name.lower() for n in DISTILL_NAMES) for lora in opts.loras):
         return opts
     root = Path(opts.weights) if opts.weights is not None else None
@@ -126,8 +131,8 @@ def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
         where = f"in {root} or its loras/" if root is not None else "(tiny mode has no weights root)"
         raise ConfigError(
             "infinitetalk.preset",
-            f"fast needs a step-distilled LoRA (lightx2v / FusionX) in infinitetalk.loras or {where}; "
-            "4 undistilled steps are noise",
+            f"fast needs a step-distilled LoRA (lightx2v / FusionX) in infinitetalk.loras or {where}, "
+            "or a step-distilled DiT declared with infinitetalk.distilled: true; 4 undistilled steps are noise",
         )
     if opts.quant != "none":
         raise ConfigError("infinitetalk.preset", "fast merges a step-distill LoRA: it needs quant: none")
@@ -275,8 +280,11 @@ class TiledVAE:
     from the free device memory at that moment; logs whenever the choice changes."""
 
     def __init__(self, vae: Any, tiling: VaeTiling, logger: logging.Logger | logging.LoggerAdapter):
+        from model.vae import ZeroTailMemo  # noqa: PLC0415
+
         self.vae, self.tiling, self.log = vae, tiling, logger
         self.last: TileSpec | None = None
+        self.memo = ZeroTailMemo()  # the reference-free part of the conditioning encode, for this shot
 
     def _spec(self, op: str, height: int, width: int) -> TileSpec | None:
         device = self.vae.device
@@ -302,6 +310,17 @@ class TiledVAE:
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         return self.vae.encode(video, tiling=self._spec("encode", *video.shape[-2:]))  # (B, 3, T, H, W)
+
+    def encode_reference(self, reference: torch.Tensor, length: int) -> torch.Tensor:
+        """`model.vae.WanVAE.encode_reference` (B, 3, 1, H, W) -> the latent of [reference, zeros...]."""
+        tiling = self._spec("encode", *reference.shape[-2:])
+        if not hasattr(self.vae, "encode_reference"):  # another codec (a test's): the plain encode
+            import torch  # noqa: PLC0415
+
+            b, c, _, h, w = reference.shape
+            pixels = torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], dim=2)
+            return self.vae.encode(pixels, tiling=tiling)
+        return self.vae.encode_reference(reference, length, self.memo, tiling=tiling)
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         h, w = (8 * n for n in latent.shape[-2:])  # (B, 16, L, h, w) -> pixels

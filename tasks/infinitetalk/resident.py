@@ -14,7 +14,7 @@ import functools
 import gc
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ class ResidentModels:
         self._worker: Any | None = None  # model.parallel.ShotWorker
         self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
         self._worker_dit_config: Any | None = None
+        self._warm: dict[Any, float] = {}  # warm-up key -> seconds it took, for the resident set
         self._atexit = False
         self.worker_stats: dict[str, int] = {}
 
@@ -74,6 +75,17 @@ class ResidentModels:
                     self._components[c] = getattr(models, c)
                     self.loads[c] += 1
             return {c: self._components[c] for c in components}
+
+    def warm(self, key: Any, run: Callable[[], float]) -> float | None:
+        """Run the warm-up `run` once for `key` and the models now resident: its seconds, or None when the
+        resident set is already warm for `key` (forgotten whenever the set is dropped)."""
+        with self._lock:
+            if key in self._warm:
+                return None
+        seconds = run()  # outside the lock: it asks `get` for the models
+        with self._lock:
+            self._warm[key] = seconds
+        return seconds
 
     def install(self, root: Path, spec: LoadSpec, components: Mapping[str, Any]) -> None:
         """Make already-built components resident for (root, spec), e.g. random real-size models in a
@@ -154,7 +166,8 @@ class ResidentModels:
             worker.close()
 
     def _drop(self, components: tuple[str, ...] | None = None) -> None:
-        """Unload `components` (default: all) and give their memory back."""
+        """Unload `components` (default: all) and give their memory back; the warm-up is redone for any."""
+        self._warm.clear()
         if not self._components:
             return
         for c in components or tuple(self._components):

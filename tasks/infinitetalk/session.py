@@ -29,6 +29,7 @@ from tasks.infinitetalk.region_map import ShotRegion, to_tensor, to_uint8
 from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
 from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
 from tasks.infinitetalk.tiny import label_tiny, tiny_hw
+from tasks.infinitetalk.warmup import warm_up
 from tasks.plan import ShotPlan, source_frame_at
 from tasks.region import combine_regions
 from tasks.shot_decision import decision_regions
@@ -53,6 +54,10 @@ class SessionBackend(Protocol):
     def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path: ...
 
     def models(self, *components: str, multi: bool = False) -> dict[str, Any]: ...
+
+    def load_spec(self, device: str, multi: bool = False) -> Any: ...
+
+    def weights_root(self) -> Path: ...
 
     def shot_worker_config(self, multi: bool = False) -> Any: ...
 
@@ -122,6 +127,9 @@ class InfiniteTalkSession:
 
         # 3. sampler settings (chunking = the shot plan's) and conditioning, then where to resume
         self.settings = sampler_settings(backend.opts, backend.config, plan, tiny=backend.tiny)
+        if self.chunk_models is not None:  # the compile warm-up belongs to the model load (once per size)
+            with self.watch("load"):
+                warm_up(backend, model_hw, self.settings, multi=self.two is not None)
         self.job = self._chunk_job(prompt, feats, dcfg, model_hw, host)
         if self.two is not None:  # multi: both stems' features and the person masks in the model crop
             masks = self.two.masks(self.region.plan, geometry.display_hw, model_hw)

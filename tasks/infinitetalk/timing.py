@@ -69,6 +69,10 @@ class TimedVAE:
         with self.watch("vae"):
             return self.vae.encode(video)
 
+    def encode_reference(self, reference: torch.Tensor, length: int) -> torch.Tensor:
+        with self.watch("vae"):
+            return self.vae.encode_reference(reference, length)
+
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         with self.watch("vae"):
             return self.vae.decode(latent)

@@ -1,0 +1,103 @@
+"""The model load's compile warm-up: two synthetic chunks at a shot's shapes through `generate_chunk`,
+so that `torch.compile`'s tracing and code generation, cuDNN's plan building and the first-call costs of
+the VAE and CLIP are paid when the models are loaded, not inside a shot's first chunk.
+
+`warm_up` runs once per resident model set and model size (`resident.RESIDENT.warm` remembers which); the
+session calls it under its "load" stage, so a shot that finds the models resident and warm pays nothing.
+It runs only where the DiT is compiled (CUDA by default): an eager model has nothing worth warming.
+What it generates is thrown away: its noise comes from its own CPU generator and its inputs are zeros,
+so no shot's output depends on whether (or how often) it ran. On CUDA it also turns on cuDNN's
+autotuner (`torch.backends.cudnn.benchmark`), whose trials the synthetic chunks pay for the shot's shapes.
+No shot state here, no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from tasks.infinitetalk import resident
+from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
+from tasks.infinitetalk.options import TiledVAE, resolve_device
+
+log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
+
+AUDIO_BLOCKS, AUDIO_CHANNELS = 12, 768  # wav2vec2 features per frame (the DiT checks its own config)
+
+
+def warm_up(
+    backend: Any, model_hw: tuple[int, int], settings: Any, *, force: bool = False, multi: bool = False
+) -> float | None:
+    """Warm the resident models of `backend` (an `InfiniteTalkBackend`) for `model_hw` (H, W) and the shot
+    sampler `settings` (its chunking and guidance; one step from pure noise is run) unless done already:
+    seconds spent, None if skipped.
+
+    Skipped when the DiT is not compiled (unless `force`: tests run it eagerly on the tiny model) and with
+    `gpus_per_shot > 1` (the ranks hold the models; their first chunk still compiles) and for a two-speaker
+    shot (``multi``: the multi DiT with two audio streams; warming the single DiT would swap it in for
+    nothing, so the shot's first chunk compiles).
+    """
+    if multi:
+        return None
+    device = resolve_device(backend.opts.device)
+    spec = backend.load_spec(device)
+    if backend.opts.gpus_per_shot > 1 or not (spec.compile or force):
+        return None
+    settings = dataclasses.replace(settings, sampling_steps=1, denoise_strength=1.0)
+    root = str(backend.weights_root())
+    key = (
+        root,
+        repr(spec),
+        tuple(model_hw),
+        settings.frame_num,
+        settings.motion_frames,
+        settings.batch_branches,
+    )
+
+    def run() -> float:
+        if device.startswith("cuda"):  # cuDNN's autotuner for the VAE's convolutions: the warm-up's
+            import torch  # noqa: PLC0415 (synthetic chunks pay its trials; a process-wide torch flag)
+
+            torch.backends.cudnn.benchmark = True
+        t0 = time.perf_counter()
+        _two_chunks(backend, model_hw, settings, device, spec.dtype)
+        seconds = time.perf_counter() - t0
+        log.info("compile warm-up at %dx%d: %.1f s (two synthetic chunks, 1 step)", *model_hw[::-1], seconds)
+        return seconds
+
+    return resident.RESIDENT.warm(key, run)
+
+
+def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
+    """Chunk 0 and a continuation chunk (motion frames encoded) of a zero shot; outputs dropped."""
+    import torch  # noqa: PLC0415
+
+    from model.conditioning import speaker_masks  # noqa: PLC0415
+    from tasks.color import match_and_blend  # noqa: PLC0415
+
+    m = backend.models("dit", "vae", "clip")
+    dit, vae, clip = m["dit"], m["vae"], m["clip"]
+    c = dit.config
+    h, w = model_hw
+    n_frames = 2 * settings.frame_num - settings.motion_frames  # exactly two full chunks
+    models = ChunkModels(dit, TiledVAE(vae, backend.vae_tiling, log), clip.encode, match_and_blend, device)
+    job = ChunkJob(
+        settings=settings,
+        context=torch.zeros(c.text_len, c.text_dim, dtype=torch.float32, device=device),
+        context_null=torch.zeros(c.text_len, c.text_dim, dtype=torch.float32, device=device),
+        audio=torch.zeros(n_frames, AUDIO_BLOCKS, AUDIO_CHANNELS, dtype=dtype),  # as the features file
+        masks=speaker_masks(None, 1, model_hw, model_hw, (h // 8, w // 8)),
+        n_frames=n_frames,
+        reference=torch.zeros(3, 1, h, w),
+        source=None,
+        state=None,
+        teacache=backend.opts.teacache,
+        teacache_preset="infinitetalk-720" if backend.opts.mode == "infinitetalk-720" else "infinitetalk-480",
+    )
+    with torch.no_grad():
+        out = generate_chunk(models, job)
+        generate_chunk(models, dataclasses.replace(job, state=out.state))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
