@@ -198,8 +198,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     backend.prompt_embeddings(run_dir / "film", film_watch)
     backend.audio_features_file(run_dir / "film", Path(track.path), film_watch)
     film_s = time.perf_counter() - t0
-    calls: list[float] = []  # start time of every DiT call
-    hook = models["dit"].register_forward_pre_hook(lambda module, inputs: calls.append(time.perf_counter()))
+    calls.clear()  # the warm-up's and the film preparation's DiT calls belong to the load
     job = ShotJob(
         info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / "out.mkv"),
         cfg.to_dict(), work_dir=str(run_dir),
