@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a plai
 from model.conditioning import Conditioning, speaker_masks  # noqa: E402
 from model.config import DIT_PRESETS, DiTConfig  # noqa: E402
 from model.dit import InfiniteTalkDiT  # noqa: E402
-from model.parallel import RankZeroCodec, SequenceParallel, free_port  # noqa: E402
+from model.parallel import RankZeroCodec, SequenceParallel  # noqa: E402
 from model.sampler import sampler_preset  # noqa: E402
+from model.shot_worker import free_port  # noqa: E402
 from model.stream import stream_generate  # noqa: E402
 from model.vae import VAE_CONFIGS, CausalVAE, WanVAE  # noqa: E402
 

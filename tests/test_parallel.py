@@ -20,12 +20,10 @@ from model.parallel import (
     LOCAL_SHARD,
     RankZeroCodec,
     SequenceParallel,
-    ShotWorker,
-    ShotWorkerError,
     UlyssesShard,
     balanced_shares,
-    fault_point,
 )
+from model.shot_worker import ShotWorker, ShotWorkerError, fault_point
 from tests.parity.common import rel_err
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.parallel import FAULT_ENV, ShotWorkerError
+from model.parallel import FAULT_ENV
+from model.shot_worker import ShotWorkerError
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, resolve_options

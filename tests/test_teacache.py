@@ -253,7 +253,7 @@ def sp_handle(sp, dit, job: dict) -> dict:
 @pytest.mark.distributed
 def test_sequence_parallel_ranks_take_the_same_prepared_decisions(model):
     """Two gloo ranks: every rank prepares its own schedule and decides like one process."""
-    from model.parallel import ShotWorker
+    from model.shot_worker import ShotWorker
 
     with ShotWorker(2, sp_setup, sp_handle, backend="gloo", start_timeout_s=300) as worker:
         got = worker.run({}, timeout_s=300)

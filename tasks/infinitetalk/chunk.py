@@ -1,6 +1,6 @@
 """One chunk's generation, the one code path of it: the job record (`ChunkJob`, picklable), the models it
 runs on (`ChunkModels`), `generate_chunk` (one `model.stream.stream_generate` chunk), and the setup and
-job handler of a `model.parallel.ShotWorker` rank, which run that same function with `gpus_per_shot > 1`.
+job handler of a `model.shot_worker.ShotWorker` rank, which run that same function with `gpus_per_shot > 1`.
 
 No shot state and no model holder here: the session fills the job per chunk, `resident` keeps the models
 and the worker between shots.

@@ -1,5 +1,5 @@
 """The process-resident model holder (`ResidentModels`, its one instance `RESIDENT`) and, with
-`gpus_per_shot > 1`, the process's shot worker (`model.parallel.ShotWorker` ranks set up by `chunk`).
+`gpus_per_shot > 1`, the process's shot worker (`model.shot_worker.ShotWorker` ranks set up by `chunk`).
 
 `RESIDENT` is dubflow's one intentional process-level object (see `ResidentModels`). Callers look it up
 as `resident.RESIDENT` at call time, never bind it at import, so a test can swap the holder. Nothing
@@ -36,7 +36,7 @@ class ResidentModels:
     not part of the key; asking for the other DiT drops the resident one and loads it on demand, the
     other components stay.
 
-    With `gpus_per_shot: N > 1` it also holds the process's `model.parallel.ShotWorker`: N rank processes
+    With `gpus_per_shot: N > 1` it also holds the process's `model.shot_worker.ShotWorker`: N rank processes
     started on the first dubbed shot, each with its share of the generation models resident, kept for
     later shots and closed by `close()` (registered with `atexit`). `loads["shot_worker"]` counts starts;
     `worker_stats` is rank 0's last answer: its pid and the jobs it has run since its setup.
@@ -48,7 +48,7 @@ class ResidentModels:
         self._components: dict[str, Any] = {}
         self._multi = False  # whether the resident DiT is the multi (two-person) one
         self.loads: Counter[str] = Counter()
-        self._worker: Any | None = None  # model.parallel.ShotWorker
+        self._worker: Any | None = None  # model.shot_worker.ShotWorker
         self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
         self._worker_dit_config: Any | None = None
         self._warm: dict[Any, float] = {}  # warm-up key -> seconds it took, for the resident set
@@ -114,7 +114,7 @@ class ResidentModels:
     ) -> Any:
         """Start the ShotWorker for (root, spec, N, VAE tiling) unless it runs already; returns its DiT config."""
         from model.loading import COMPONENTS  # noqa: PLC0415
-        from model.parallel import ShotWorker  # noqa: PLC0415
+        from model.shot_worker import ShotWorker  # noqa: PLC0415
 
         tiling = tiling or VaeTiling()
         key = (
@@ -150,7 +150,7 @@ class ResidentModels:
             return self._run_locked({"chunk": job})
 
     def _run_locked(self, job: dict[str, Any]) -> Any:
-        from model.parallel import ShotWorkerError  # noqa: PLC0415
+        from model.shot_worker import ShotWorkerError  # noqa: PLC0415
 
         try:
             out = self._worker.run(job)
