@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -360,6 +361,21 @@ def write_tiny_multi(infinitetalk_file: Path | str, config: DiTConfig, seed: int
     Path(infinitetalk_file).parent.mkdir(parents=True, exist_ok=True)
     save_file(audio, str(infinitetalk_file), metadata={"format": "pt"})
     return audio
+
+
+def add_tiny_multi(root: Path | str, seed: int = 0) -> bool:
+    """Give a tiny root written before the multi checkpoint joined the layout its multi file (the one
+    `write_tiny_root` writes, written to a temporary name and moved into place); False if it had one."""
+    from model.config import DIT_PRESETS  # noqa: PLC0415 (as write_tiny_root does)
+    from model.weights import WeightsLayout  # noqa: PLC0415
+
+    target = Path(root) / WeightsLayout().multi
+    if target.is_file():
+        return False
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    write_tiny_multi(tmp, DIT_PRESETS["tiny"], seed + 5)
+    os.replace(tmp, target)
+    return True
 
 
 def write_tiny_root(

@@ -41,11 +41,17 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
     """A tiny random weights root (official layout), written once under `cache_dir` and reused."""
+    from model.weights import WeightsLayout  # noqa: PLC0415
+
     root = cache_dir / f"tiny-weights-seed{seed}"
-    if (root / ".complete").exists():
+    if (root / ".complete").exists() and (root / WeightsLayout().multi).is_file():
         return root
     with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
         if (root / ".complete").exists():
+            from model.tiny import add_tiny_multi  # noqa: PLC0415
+
+            if add_tiny_multi(root, seed):  # a root from before the multi checkpoint joined the layout
+                log.warning("[%s] added the tiny multi checkpoint to %s", TINY_BANNER, root)
             return root
         from model.tiny import write_tiny_root  # noqa: PLC0415
 
