@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ import soundfile as sf
 from flows.dub_film import dub_film_inline
 from tasks import backend as backend_registry
 from tasks.backend import ShotDecision
+from tasks.config import load_config
+from tasks.estimate import estimate_film
 from tasks.shot_decision import decide_shot, faces_path, regions_json
 from tests.cast_cases import write_short_film
 
@@ -85,3 +88,53 @@ def test_stems_flow_from_the_command_to_the_backend(tmp_path: Path, recorder, mo
         str(files["film"]), str(files["mix"]), str(tmp_path / "out.mp4"), config=config, stems=stems
     )
     assert {p.name for p in ws.parent.glob("shots/*")} - keys
+
+
+def test_two_stems_speaking_at_once_run_the_two_person_model_on_their_faces(tmp_path: Path, monkeypatch):
+    """The whole chain on real footage: stems → characters → a two-speaker region (planning) → the InfiniteTalk
+    backend in tiny mode (the tiny root holds the multi checkpoint) runs the shot with two audio streams and
+    each person's mask on that person's face; the one-speaker shot runs with one stream."""
+    from model.dit import InfiniteTalkDiT
+    from tests.speaker_cases import side_of
+
+    files = write_short_film(tmp_path)
+    monkeypatch.setenv("DUBFLOW_OUTPUT_ROOTS", str(tmp_path))
+    calls: list[tuple[int, Any]] = []  # (speakers in the call, its masks) per DiT forward
+    forward = InfiniteTalkDiT.forward
+
+    def spy(self, *args, **kwargs):  # the real forward runs; only what it was given is noted
+        audio = kwargs["audio"]
+        if audio.dim() == 6:  # batched guidance branches: the sample with the most speakers
+            speakers = max(kwargs.get("audio_speakers") or [audio.shape[1]] * audio.shape[0])
+        else:
+            speakers = audio.shape[0]
+        calls.append((speakers, kwargs.get("ref_target_masks")))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(InfiniteTalkDiT, "forward", spy)
+    config = {
+        "workspace": {"root": str(tmp_path / "ws")},
+        "infinitetalk": {"steps": 2},
+        "cast": {"characters": {"ANNA": [str(files["ANNA_still"])], "BEN": [str(files["BEN_still"])]}},
+    }
+    stems = {"ANNA": str(files["ANNA"]), "BEN": str(files["BEN"])}
+    out = tmp_path / "out.mp4"
+    dub_film_inline(str(files["film"]), str(files["mix"]), str(out), config=config, stems=stems)
+    assert out.is_file()
+    two = [(n, m) for n, m in calls if n == 2]
+    assert two and any(n == 1 for n, _ in calls), [n for n, _ in calls]
+    # the people of the two-speaker region, in the order the model got them (the planning's decision, as
+    # `dubflow estimate` shows it), and the side of each one's mask
+    est = estimate_film(
+        files["film"], files["mix"], load_config(updates=config), stems, work_dir=tmp_path / "e"
+    )
+    (region,) = est.to_dict()["shots"][1]["regions"]
+    people = region["people"]
+    assert region["status"] == "two" and {p["character"] for p in people} == {"ANNA", "BEN"}
+    masks = two[0][1]  # (3, h, w): person 1, person 2, background
+    masks = masks[0] if masks.dim() == 4 else masks
+    for i, person in enumerate(people):
+        cols = masks[i].nonzero()[:, 1].float()
+        assert cols.numel() > 0
+        side = "left" if cols.mean() < masks.shape[-1] / 2 else "right"
+        assert side == side_of(person["box"]), (i, person)
