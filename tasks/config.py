@@ -221,6 +221,7 @@ class SpeakerConfig:
     detect_threshold: float  # RetinaFace confidence
     min_face_px: float  # smaller faces (analysis pixels, short side) are ignored
     track_max_miss: int  # detection samples a track may miss before it ends
+    mouth_lag_s: float  # mouth activity compares each frame's patches with those this long before
     activity_on: float  # mouth activity above this: the lips move
     still_face: float  # face change below this (90th percentile): a still picture, never a speaker
     smooth_s: float

@@ -173,7 +173,7 @@ def analyse_frames(
     t0 = time.process_time()
     detector = FaceDetector(cfg.detect_threshold, cfg.min_face_px)
     tracker = Tracker(cfg.track_max_miss)
-    meter = MouthMeter(n_frames)
+    meter = MouthMeter(n_frames, round(cfg.mouth_lag_s * fps))
     pending: list[tuple[int, np.ndarray]] = []
     hw = (1, 1)
     for t, frame in enumerate(frames):

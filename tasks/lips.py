@@ -3,10 +3,12 @@
 Holds `MouthMeter`, fed one analysis frame at a time with the tracks' interpolated landmarks.  For each
 face it cuts a small grey patch around the mouth (placed by the two mouth-corner landmarks, sized by the
 face) and one around the eyes and nose, normalises them, and measures how much each differs from the
-patch two frames back after the best shift of up to two patch pixels, relative to the patch's edge
+patch `lag` frames back after the best shift of up to two patch pixels, relative to the patch's edge
 strength (so a head that moves, a crop that jitters or a photo under a camera move does not count as lip
-motion).  Mouth activity = mouth change minus the upper-face change
-(blinks, lighting, compression noise and residual head motion move both).  A face whose patches never
+motion).  The comparison spans `lag` frames (`speaker.mouth_lag_s`, 0.16 s): over two frames (80 ms)
+the lips of a low-motion talker change about as little as the jitter of the interpolated RetinaFace
+landmarks moves the patch; over 0.12-0.24 s their motion adds up.  Mouth activity = mouth change minus
+the upper-face change (blinks, lighting, compression noise and residual head motion move both).  A face whose patches never
 change at all is a still picture (a poster, a photo, a paused screen).
 Must not decode media nor decide who speaks.
 """
@@ -66,11 +68,9 @@ def face_geometry(landmarks: np.ndarray, box: np.ndarray) -> tuple[tuple[float, 
 class MouthMeter:
     """Per-frame mouth and upper-face change of every track (NaN where a track is absent)."""
 
-    def __init__(self, n_frames: int, lag: int = 2) -> None:
+    def __init__(self, n_frames: int, lag: int) -> None:
         self.n_frames = n_frames
-        self.lag = (
-            lag  # compare with the patch this many frames back (slow lip motion adds up, noise does not)
-        )
+        self.lag = max(1, lag)  # compare with the patch this many frames back
         self._mouth: dict[int, np.ndarray] = {}  # track id -> (n_frames,)
         self._upper: dict[int, np.ndarray] = {}
         self._prev: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []  # the last `lag` frames' patches

@@ -27,8 +27,9 @@ SIZE = (360, 640)  # (h, w) of the composed frames; each face clip is 256x256
 LEFT, RIGHT = 40, 344  # x of the left / right clip
 TOP = 52
 # per seed: frames without speech and with closed lips (listener material), from the seed's own VAD segments
-# and a look at the frames (seed 5 opens her mouth from frame 79 on, before the VAD hears her again)
-QUIET = {1: (117, 150), 5: (70, 79)}
+# and a look at the frames (seed 5 opens her mouth from frame 79 on, before the VAD hears her again; seed 1's
+# lips are still parted and closing until frame 121, after the VAD has stopped hearing him at 117)
+QUIET = {1: (122, 150), 5: (70, 79)}
 
 
 @functools.cache
@@ -130,6 +131,22 @@ def side_of(box: tuple[int, int, int, int] | list[int]) -> str:
     return "left" if (box[0] + box[2]) / 2 < SIZE[1] / 2 else "right"
 
 
+def turn_coverage(case: Case, dubbed: list[tuple[int, int, str]]) -> list[float]:
+    """Per true speaker turn of ``case``: the fraction of its frames inside a dubbed (start, end, side) span
+    on the truth's side."""
+    out = []
+    for t0, t1, side in case.truth:
+        if side is None:
+            continue
+        f0, f1 = round(t0 * FPS), min(case.frames.shape[0], round(t1 * FPS))
+        hit = np.zeros(f1 - f0, bool)
+        for a, b, s in dubbed:
+            if s == side:
+                hit[max(0, a - f0) : max(0, min(f1, b) - f0)] = True
+        out.append(float(hit.mean()))
+    return out
+
+
 __all__ = [
     "FPS",
     "SR",
@@ -141,4 +158,5 @@ __all__ = [
     "seed_audio",
     "seed_frames",
     "side_of",
+    "turn_coverage",
 ]

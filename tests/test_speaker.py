@@ -11,7 +11,7 @@ from flows.cli import main
 from tasks.config import load_config
 from tasks.probe import probe
 from tasks.shot_decision import decide_shot, decision_regions, faces_path
-from tests.speaker_cases import FPS, SR, cases, encode, faceless, seed_audio, side_of
+from tests.speaker_cases import FPS, SR, cases, encode, faceless, seed_audio, side_of, turn_coverage
 
 CFG = load_config()
 CASES = cases()
@@ -74,6 +74,8 @@ def test_turn_taking_switches_near_the_truth(decided):
     switch_s = sides[1][0] / FPS
     assert abs(switch_s - case.truth[1][0]) <= 0.5, (switch_s, d.reason)
     assert sides[0][0] == 0 and sides[-1][1] == case.frames.shape[0]  # the turns cover the shot
+    cover = turn_coverage(case, [s[:3] for s in sides])
+    assert min(cover) >= 0.9, (cover, sides)  # each whole turn is dubbed, none of it reads as nobody
 
 
 def test_the_analysis_is_cached_and_reused(tmp_path):
