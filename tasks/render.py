@@ -215,6 +215,13 @@ def write_shot_qc(
     return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
 
 
+def _context(job: ShotJob, info: VideoInfo, track: DialogueTrack, cfg: PipelineConfig) -> ShotContext:
+    """The film-level facts a gating backend sees for this shot (its run workspace, its stems)."""
+    work_dir = Path(job.work_dir) if job.work_dir else run_dir(Path(job.out_path))
+    stems = {name: Path(p) for name, p in job.stems.items()}
+    return ShotContext(work_dir, info, track, tuple(job.audio_range), cfg, stems)
+
+
 def _decision(
     backend: Any, plan: ShotPlan, geometry: ModelGeometry, shot_audio: np.ndarray, context: ShotContext,
     seg_dir: Path,
@@ -247,10 +254,7 @@ def prepare_decision(job: ShotJob | dict[str, Any], backend: Any | None = None) 
     backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
     seg_dir = out.with_name(out.stem + ".chunks")
     seg_dir.mkdir(parents=True, exist_ok=True)
-    stems = {name: Path(p) for name, p in job.stems.items()}
-    context = ShotContext(
-        Path(job.work_dir) if job.work_dir else run_dir(out), info, track, job.audio_range, cfg, stems
-    )
+    context = _context(job, info, track, cfg)
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
     shot_audio = read_samples(track, *job.audio_range)  # (S, C) float32
     return _decision(backend, plan, geometry, shot_audio, context, seg_dir)
@@ -285,7 +289,6 @@ def render_shot_result(
     plan = ShotPlan.from_dict(job.plan)
     track = DialogueTrack.from_dict(job.dialogue)
     out = Path(job.out_path)
-    work_dir = Path(job.work_dir) if job.work_dir else run_dir(out)
     backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
     a0, a1 = job.audio_range
@@ -296,8 +299,7 @@ def render_shot_result(
     clean_temps(out.parent, out.stem)  # a crashed earlier attempt's half-written intermediate
 
     # 1. the dub decision (gating backends), taken once and kept with the checkpoints
-    stems = {name: Path(p) for name, p in job.stems.items()}
-    context = ShotContext(work_dir, info, track, (a0, a1), cfg, stems)
+    context = _context(job, info, track, cfg)
     gating = callable(getattr(backend, "prepare_shot", None))
     with timer("gate") if gating else nullcontext():
         decision = _decision(backend, plan, geometry, shot_audio, context, seg_dir)
@@ -431,7 +433,7 @@ def render_shot_result(
         with timer("qc"):
             title = PREVIEW_LABEL if cfg.workspace.preview else None
             result["qc"] = write_shot_qc(
-                info, plan, out, work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height,
+                info, plan, out, context.work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height,
                 title=title, decision=decision,
             )  # fmt: skip
     timer.totals["total"] = time.perf_counter() - t_start
