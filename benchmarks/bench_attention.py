@@ -79,7 +79,7 @@ def main() -> None:
     head = f"device {props.name}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}"
     try:
         head += f"  cudnn-frontend {ca._cudnn().__version__} (backend {ca._cudnn().backend_version()})"
-    except Exception as exc:  # noqa: BLE001 (report, keep measuring SDPA)
+    except Exception as exc:  # report, keep measuring SDPA
         head += f"  cudnn-frontend unavailable: {exc}"
     print(head, flush=True)
     results: dict = {"env": head, "sizes": {}}
@@ -137,7 +137,7 @@ def measure(size: str, args, runner, g, dev) -> dict:
                 err = errors(out, ref)
                 t = time_cuda(fn, args.repeats)
                 rows[name] = {"seconds": t, "tflops": flops / t / 1e12, **err}
-            except Exception as exc:  # noqa: BLE001 (one failing kernel must not hide the others)
+            except Exception as exc:  # one failing kernel must not hide the others
                 rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             print(size, name, json.dumps(rows[name]), flush=True)
     if args.explore:

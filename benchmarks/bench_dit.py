@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model.config import DiTConfig, dit_preset  # noqa: E402
-from model.dit import InfiniteTalkDiT  # noqa: E402
+from model.config import DiTConfig, dit_preset
+from model.dit import InfiniteTalkDiT
 
 SIZES = {"480p": (60, 104), "720p": (90, 160)}  # latent h, w (pixels / 8)
 

@@ -1,4 +1,4 @@
-"""Benchmark the planning's face analysis (`tasks.face_analysis.analyse_shot`) at film resolution on the CPU.
+"""Benchmark the planning's face analysis (`tasks.perception.face_analysis.analyse_shot`) at film resolution on the CPU.
 
 Builds a 1920x1080 25 fps clip from the composed speaker cases (tests/speaker_cases.py: two real talking
 heads side by side, scaled up; H.264 at crf 18), then analyses it as one shot the way planning does: decode
@@ -26,10 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import load_config  # noqa: E402
-from tasks.face_analysis import analyse_shot, source_speech  # noqa: E402
-from tasks.probe import probe  # noqa: E402
-from tests.speaker_cases import FPS, cases, encode  # noqa: E402
+from tasks.config import load_config
+from tasks.media.probe import probe
+from tasks.perception.face_analysis import analyse_shot, source_speech
+from tests.speaker_cases import FPS, cases, encode
 
 
 def _children_cpu() -> float:

@@ -1,4 +1,4 @@
-"""Benchmark one shot through the whole per-shot path (`tasks.render.render_shot_result` + the InfiniteTalk
+"""Benchmark one shot through the whole per-shot path (`tasks.render.shot.render_shot_result` + the InfiniteTalk
 backend): decode, gate, encoders, DiT, VAE, colour, composite, lossless encode.
 
 Default (GPU): a synthetic 10-second 1280x720 shot at 24 fps, generated at the 480P bucket (448x896 for
@@ -44,17 +44,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tasks.audio import prepare_dialogue  # noqa: E402
 from tasks.config import load_config  # noqa: E402
-from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
 from tasks.infinitetalk import InfiniteTalkBackend, load_spec, resolve_options  # noqa: E402
 from tasks.infinitetalk.cache import cached_tensors  # noqa: E402
 from tasks.infinitetalk.options import resolve_device  # noqa: E402
 from tasks.infinitetalk.resident import RESIDENT  # noqa: E402
-from tasks.plan import plan_shot  # noqa: E402
-from tasks.probe import probe  # noqa: E402
-from tasks.render import ShotJob, render_shot_result  # noqa: E402
-from tasks.shots import Shot  # noqa: E402
+from tasks.media.audio import prepare_dialogue  # noqa: E402
+from tasks.media.ffmpeg import ffmpeg_exe  # noqa: E402
+from tasks.media.probe import probe  # noqa: E402
+from tasks.render.shot import ShotJob, render_shot_result  # noqa: E402
+from tasks.timeline.plan import plan_shot  # noqa: E402
+from tasks.timeline.shots import Shot  # noqa: E402
 
 log = logging.getLogger("bench_shot")
 

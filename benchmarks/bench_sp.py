@@ -36,14 +36,14 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a plain checkout too
 
-from model.conditioning import Conditioning, speaker_masks  # noqa: E402
-from model.config import DIT_PRESETS, DiTConfig  # noqa: E402
-from model.dit import InfiniteTalkDiT  # noqa: E402
-from model.parallel import RankZeroCodec, SequenceParallel  # noqa: E402
-from model.sampler import sampler_preset  # noqa: E402
-from model.shot_worker import free_port  # noqa: E402
-from model.stream import stream_generate  # noqa: E402
-from model.vae import VAE_CONFIGS, CausalVAE, WanVAE  # noqa: E402
+from model.conditioning import Conditioning, speaker_masks
+from model.config import DIT_PRESETS, DiTConfig
+from model.dit import InfiniteTalkDiT
+from model.parallel import RankZeroCodec, SequenceParallel
+from model.sampler import sampler_preset
+from model.shot_worker import free_port
+from model.stream import stream_generate
+from model.vae import VAE_CONFIGS, CausalVAE, WanVAE
 
 # name -> (latent frames, latent h, latent w); chunk pixels are 8x the latent size
 SIZES = {"480p": (21, 60, 104), "720p": (21, 90, 160)}

@@ -1,7 +1,7 @@
 """Who speaks on the composed real-footage cases (tests/speaker_cases.py): the per-case table and the activity split.
 
 Encodes every case as a film, decides it as one shot through the real decode, VAD, faces and gate
-(`tasks.shot_decision.decide_shot`), and prints, per case, what is dubbed (side, status, score) against the
+(`tasks.decision.shot_decision.decide_shot`), and prints, per case, what is dubbed (side, status, score) against the
 truth, the turn-taking switch error and how much of each true turn is dubbed.  Then the per-step mouth
 activity (the decision's 0.2 s steps with source speech, smoothed over `speaker.smooth_s`) of talking
 mouths against still ones (listeners; still pictures left out), pooled over every case, with their
@@ -23,10 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import load_config  # noqa: E402
-from tasks.probe import probe  # noqa: E402
-from tasks.shot_decision import decide_shot, decision_regions  # noqa: E402
-from tests.speaker_cases import FPS, SR, Case, cases, encode, side_of, turn_coverage  # noqa: E402
+from tasks.config import load_config
+from tasks.decision.shot_decision import decide_shot, decision_regions
+from tasks.media.probe import probe
+from tests.speaker_cases import FPS, SR, Case, cases, encode, side_of, turn_coverage
 
 
 def _verdict(case: Case, dubbed: list[tuple[int, int, str, str]]) -> str:

@@ -1,5 +1,5 @@
 """GPU smoke run of the product: a real-size random weights root on local disk, then one shot through
-the product's per-shot path (`tasks.render.render_shot_result` + the InfiniteTalk backend) per config.
+the product's per-shot path (`tasks.render.shot.render_shot_result` + the InfiniteTalk backend) per config.
 
 What runs is what a user runs: `model.loading.load_models` reads the root (safetensors mmap, LoRA merge,
 fp8 conversion, compile, the `offload: auto` decision, VAE), the backend's default settings apply, and
@@ -127,8 +127,8 @@ def frames_digest(path: Path) -> str:
     """SHA-256 of a video's decoded frames (the container's bytes differ between runs; the pixels must not)."""
     import hashlib
 
-    from tasks.frames import iter_frames
-    from tasks.probe import probe
+    from tasks.media.frames import iter_frames
+    from tasks.media.probe import probe
 
     info = probe(path, frame_count="packets")
     h = hashlib.sha256()
@@ -142,18 +142,18 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from tasks import infinitetalk as it
-    from tasks.audio import prepare_dialogue
     from tasks.config import load_config
-    from tasks.frames import ModelGeometry
     from tasks.infinitetalk.options import resolve_device
     from tasks.infinitetalk.session import sampler_settings
     from tasks.infinitetalk.timing import Stopwatch
     from tasks.infinitetalk.tiny import tiny_hw
     from tasks.infinitetalk.warmup import warm_up
-    from tasks.plan import plan_shot
-    from tasks.probe import probe
-    from tasks.render import ShotJob, render_shot_result
-    from tasks.shots import Shot
+    from tasks.media.audio import prepare_dialogue
+    from tasks.media.probe import probe
+    from tasks.picture.geometry import ModelGeometry
+    from tasks.render.shot import ShotJob, render_shot_result
+    from tasks.timeline.plan import plan_shot
+    from tasks.timeline.shots import Shot
 
     import_s = time.time() - T_LAUNCH
     work = Path(args.work)
@@ -299,8 +299,8 @@ def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
 
     from model.vae import load_vae
     from model.weights import WeightsLayout
-    from tasks.frames import read_frames
-    from tasks.probe import probe
+    from tasks.media.frames import read_frames
+    from tasks.media.probe import probe
 
     work = Path(args.work)
     meta = json.loads((work / "root.json").read_text())

@@ -39,7 +39,7 @@ import numpy as np
 PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))
 
-from tasks.ffmpeg import ffmpeg_exe  # noqa: E402
+from tasks.media.ffmpeg import ffmpeg_exe  # noqa: E402
 from tests.media import _PALETTE  # noqa: E402 (distinct colours: every cut is a hard cut)
 from tests.stack import Stack, free_port, running_stack  # noqa: E402
 

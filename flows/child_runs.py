@@ -49,7 +49,7 @@ def await_child(
                     )
                     try:
                         client.set_flow_run_state(child_id, Cancelled(message=message), force=True)
-                    except Exception as exc:  # noqa: BLE001 - the timeout is the error to report
+                    except Exception as exc:  # the timeout is the error to report
                         log.warning("cancelling child run %s failed: %s", run.name, exc)
                     raise ChildNotStarted(None, message)
             else:

@@ -4,7 +4,7 @@
                 [--set k=v ...] [--plan PLAN.yaml] [--preview] [--stem NAME=FILE ...] [--cast CAST.yaml]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
-    dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/plan_file.py)
+    dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/decision/plan_file.py)
     dubflow estimate SOURCE --audio DUB [--config FILE] [--set ...] [--json]  # shots to dub, GPU time
     dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q] [--multi]
 
@@ -126,7 +126,7 @@ def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
 
     updates = None
     if getattr(args, "cast", None):
-        from tasks.cast import read_cast_file
+        from tasks.decision.cast import read_cast_file
 
         updates = {"cast": read_cast_file(args.cast)}
     return load_config(
@@ -137,8 +137,8 @@ def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
 
 def _stems(args: argparse.Namespace) -> dict[str, str]:
     """`--stem NAME=FILE` as {NAME: FILE}, each file's header read now (a bad file fails before any work)."""
-    from tasks.probe import read_header
-    from tasks.stems import parse_stems
+    from tasks.decision.stems import parse_stems
+    from tasks.media.probe import read_header
 
     stems = parse_stems(getattr(args, "stems", None) or [])
     for path in stems.values():
@@ -147,8 +147,8 @@ def _stems(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_shots(args: argparse.Namespace) -> int:
-    from tasks.probe import probe
-    from tasks.shots import detect_shots
+    from tasks.media.probe import probe
+    from tasks.timeline.shots import detect_shots
 
     cfg = _config(args)
     info = probe(args.source, frame_count=cfg.probe.frame_count)
@@ -158,11 +158,11 @@ def cmd_shots(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from tasks.audio import check_length, decode_audio, slice_bounds
-    from tasks.plan import plan_film
-    from tasks.preflight import check_config
-    from tasks.probe import probe
-    from tasks.shots import detect_shots
+    from tasks.media.audio import check_length, decode_audio, slice_bounds
+    from tasks.media.probe import probe
+    from tasks.render.preflight import check_config
+    from tasks.timeline.plan import plan_film
+    from tasks.timeline.shots import detect_shots
 
     cfg = _config(args)
     check_config(cfg)
@@ -198,15 +198,17 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) 
     """`dubflow plan --out`: the gate's decision and its dubbed regions (speaker per turn) per shot, as YAML."""
     from fractions import Fraction
 
-    from tasks.estimate import estimate_film
-    from tasks.plan_file import plan_document, write_plan
+    from flows.estimate import estimate_film
+    from tasks.decision.plan_file import plan_document, write_plan
 
     est = estimate_film(args.source, args.audio, cfg, stems)
     seed = int({**cfg.to_dict()["infinitetalk"], **cfg.backend.options}.get("seed", cfg.infinitetalk.seed))
     shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
     doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
-    if est.characters:  # the automatic clusters, to confirm or rename (tasks.cast.plan_names reads them)
-        from tasks.cast import plan_characters
+    if (
+        est.characters
+    ):  # the automatic clusters, to confirm or rename (tasks.decision.cast.plan_names reads them)
+        from tasks.decision.cast import plan_characters
 
         doc["characters"] = plan_characters(est.characters)
     print(write_plan(args.out, doc))
@@ -214,7 +216,7 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) 
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from tasks.estimate import estimate_film
+    from flows.estimate import estimate_film
 
     est = estimate_film(args.source, args.audio, _config(args), _stems(args))
     print(json.dumps(est.to_dict(), indent=1) if args.json else est.format())
@@ -225,9 +227,9 @@ def cmd_dub(args: argparse.Namespace) -> int:
     extra = [f"backend.name={args.backend}"] if args.backend else []
     cfg = _config(args, extra)
     from flows.outputs import confine_output
-    from tasks.assemble import check_output_path
-    from tasks.preflight import check_config, check_frame_size
-    from tasks.probe import read_header
+    from tasks.media.assemble import check_output_path
+    from tasks.media.probe import read_header
+    from tasks.render.preflight import check_config, check_frame_size
 
     # cheap checks before any Prefect start-up: the config can work, the inputs open, the output is allowed
     check_config(cfg)
@@ -240,14 +242,14 @@ def cmd_dub(args: argparse.Namespace) -> int:
         if p:
             read_header(p)
     stems = _stems(args)
-    from tasks.cast import check_cast, plan_names
+    from tasks.decision.cast import check_cast, plan_names
 
     names = plan_names(args.plan) if args.plan else {}  # a stem may be named after a plan's rename
     check_cast(
         dataclasses.replace(cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **names})), stems
     )
     if args.plan:
-        from tasks.plan_file import read_plan
+        from tasks.decision.plan_file import read_plan
 
         read_plan(args.plan)  # a malformed plan fails here; shot indices and spans are checked by the run
     if args.no_prefect:

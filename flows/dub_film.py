@@ -15,7 +15,7 @@ The flows only orchestrate: the film-level tasks are in `flows/film_tasks.py`, t
 entrypoints), the `run_group` task that starts a `dub-group` child run, and the film sequence
 (`run_pipeline`). Resume is file based and Prefect based at once: each shot's `done.json` in its result
 folder of the run workspace (`shots/<index>-<shot key>/`, the key made of the shot's own inputs:
-`tasks/shot_key.py`) and a Prefect cache record keyed by the same workspace + shot + shot key, never by a
+`tasks/timeline/shot_key.py`) and a Prefect cache record keyed by the same workspace + shot + shot key, never by a
 run id. A group whose shots are all done starts no child
 run; a re-run or a UI Retry of a failed group redoes only its failed shots, and a shot resumes at its
 last finished chunk.
@@ -86,16 +86,16 @@ from flows.workspace import (
     shot_done,
     stable_hash,
 )
-from tasks.assemble import check_output_path
-from tasks.audio import DialogueTrack
-from tasks.backend import BACKENDS
-from tasks.cast import CastPlan, cast_active, check_cast, plan_names
 from tasks.config import PipelineConfig, load_config
+from tasks.decision.cast import CastPlan, cast_active, check_cast, plan_names
+from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
-from tasks.plan import ShotPlan
-from tasks.preflight import check_config, check_frame_size
-from tasks.render import PREVIEW_LABEL
-from tasks.stems import parse_stems
+from tasks.media.assemble import check_output_path
+from tasks.media.audio import DialogueTrack
+from tasks.render.backend import BACKENDS
+from tasks.render.preflight import check_config, check_frame_size
+from tasks.render.shot import PREVIEW_LABEL
+from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,7 @@ def run_pipeline(
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
     """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
-    from tasks.infinitetalk.multi import switch_load_s  # noqa: PLC0415
+    from tasks.infinitetalk.multi import switch_load_s
 
     decision = record.get("decision")
     if decision is not None and not decision["dub"]:

@@ -18,30 +18,23 @@ from prefect import task
 
 from flows.progress import artifact_key
 from flows.runtime import run_logger
-from flows.workspace import (
-    DONE,
-    Workspace,
-    atomic_write_json,
-    film_fingerprint,
-    open_workspace,
-    read_json,
-    stable_hash,
-    verify_shot_done,
-)
-from tasks.assemble import AudioSource, assemble
-from tasks.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
-from tasks.cast import film_cast
+from flows.workspace import DONE, Workspace, film_fingerprint, open_workspace, stable_hash, verify_shot_done
 from tasks.config import PipelineConfig, load_config
+from tasks.decision.cast import film_cast
+from tasks.decision.plan_file import plan_overrides
+from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
-from tasks.intermediates import IntermediateError
-from tasks.plan import plan_film
-from tasks.plan_file import plan_overrides
-from tasks.preflight import check_free_space, workspace_need
-from tasks.probe import VideoInfo, probe
-from tasks.shot_decision import decide_shot, faces_path, regions_json
-from tasks.shot_key import shot_config, shot_inputs
-from tasks.shots import ShotList, detect_shots
-from tasks.timeline_export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
+from tasks.files import atomic_write_json, read_json
+from tasks.media.assemble import AudioSource, assemble
+from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.media.intermediates import IntermediateError
+from tasks.media.probe import VideoInfo, probe
+from tasks.render.backend import check_backend_options
+from tasks.render.preflight import check_free_space, workspace_need
+from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
+from tasks.timeline.plan import plan_film
+from tasks.timeline.shot_key import shot_config, shot_inputs
+from tasks.timeline.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +147,7 @@ def plan_characters(
     video: dict[str, Any], records: list[dict[str, Any]], dialogue: dict[str, Any],
     stems: dict[str, dict[str, Any]], config: dict[str, Any], work_dir: str, name: str = "",
 ) -> dict[str, Any]:  # fmt: skip
-    """The film's characters and each shot's `cast.shot` (`tasks.cast.film_cast`: the planning's face
+    """The film's characters and each shot's `cast.shot` (`tasks.decision.cast.film_cast`: the planning's face
     analyses and per-track embeddings, cached in the run workspace, then each stem's speech); the
     characters are also written to ``characters.json`` in the workspace."""
     info, track = VideoInfo.from_dict(video), DialogueTrack.from_dict(dialogue)
@@ -204,13 +197,13 @@ def apply_plan_file(
     name: str = "",
     video: dict[str, Any] | None = None,
 ) -> list:
-    """The records with each shot's overrides from the editable shot plan at `path` (`tasks.plan_file`;
+    """The records with each shot's overrides from the editable shot plan at `path` (`tasks.decision.plan_file`;
     crops checked against `video`'s display frame), each naming the plan (`plan_file`) for later errors."""
     spans = [
         {"index": r["index"], **{k: r["plan"][k] for k in ("start_frame", "end_frame")}} for r in records
     ]
     frame_hw = None if video is None else VideoInfo.from_dict(video).display_size[::-1]
-    overrides = plan_overrides(path, config, spans, frame_hw)
+    overrides = plan_overrides(path, config, spans, frame_hw, check_options=check_backend_options)
     run_logger(log).info("%s: overrides for shot(s) %s", path, sorted(overrides) or "none")
     return [
         {**r, "overrides": overrides[r["index"]], "plan_file": path} if r["index"] in overrides else r
@@ -227,7 +220,7 @@ def key_shots(
     name: str = "",
     stems: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The records with each shot's result key (`tasks.shot_key`: its frames, conditioning audio and
+    """The records with each shot's result key (`tasks.timeline.shot_key`: its frames, conditioning audio and
     stems, effective settings, weights, render version)."""
     cfg = PipelineConfig.from_dict(config)
     fingerprint, track = film_fingerprint(source), DialogueTrack.from_dict(dialogue)
@@ -258,7 +251,7 @@ def decide_speakers(
 ) -> dict[int, dict[str, Any]]:
     """Every shot's dub decision before any GPU work, under its effective config (the shot's overrides
     applied): the dub slice's speech, then who on screen speaks (face analysis on the CPU, cached under the
-    run workspace's faces/ by `tasks.shot_key.faces_key`, where the GPU workers and later runs find it)."""
+    run workspace's faces/ by `tasks.timeline.shot_key.faces_key`, where the GPU workers and later runs find it)."""
     info = VideoInfo.from_dict(video)
     track = DialogueTrack.from_dict(dialogue)
     logger = run_logger(log)

@@ -15,7 +15,7 @@ bound cannot hold with that many groups, it gives exactly that many groups, bala
 group is as short as possible (the film's wall time is bounded by its longest group).
 
 A shot's estimate and the load come from ``GpuCost``: the same chunk price as ``dubflow estimate``
-(``tasks.estimate.chunk_price``: the run's steps, guidance branches and precision against the config's
+(``flows.estimate.chunk_price``: the run's steps, guidance branches and precision against the config's
 ``estimate:`` figures), with the ``cost.fallback_*`` stand-ins where a figure is not measured.
 
 Every group is charged one model load, even one made only of pass-through shots (cost ~0); this is
@@ -29,9 +29,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flows.estimate import ChunkPrice, chunk_price, shot_gpu_s
 from tasks.config import PipelineConfig
-from tasks.estimate import ChunkPrice, chunk_price, shot_gpu_s
-from tasks.plan import ShotPlan
+from tasks.timeline.plan import ShotPlan
 
 # Relative slack when comparing float sums, so that a group whose work equals the needed work up to
 # rounding counts as meeting the bound.
@@ -80,7 +80,7 @@ class Group:
 class GpuCost:
     """The GPU-time model sizing groups: one full chunk's price and the model load every group pays.
 
-    The price is `tasks.estimate.chunk_price` of the run's config, the same rule as `dubflow estimate`,
+    The price is `flows.estimate.chunk_price` of the run's config, the same rule as `dubflow estimate`,
     with the `cost.fallback_*` stand-ins for unmeasured figures; ``price`` is None when the backend needs
     no GPU (pass-through: shots cost 0, a group still pays a process start, so groups = one per worker).
     """

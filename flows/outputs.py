@@ -19,8 +19,8 @@ import os
 import re
 from pathlib import Path
 
-from tasks import ffmpeg
 from tasks.errors import OutputError
+from tasks.media import ffmpeg
 
 log = logging.getLogger(__name__)
 

@@ -81,7 +81,7 @@ class ShotProgress:
             return
         try:
             update_progress_artifact(artifact_id=self.artifact_id, progress=percent)
-        except Exception as exc:  # noqa: BLE001 - telemetry must not fail the shot
+        except Exception as exc:  # telemetry must not fail the shot
             log.warning("progress artifact %s: update to %.1f%% failed: %s", self.key, percent, exc)
             return
         self.percent = percent

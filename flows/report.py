@@ -15,7 +15,7 @@ from typing import Any
 from flows.groups import Group
 from flows.progress import artifact_key
 from flows.workspace import Workspace, read_shot_done, read_shot_failed
-from tasks.audio import DialogueTrack, slice_bounds
+from tasks.media.audio import DialogueTrack, slice_bounds
 
 
 def shot_records(

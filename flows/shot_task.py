@@ -4,7 +4,7 @@ group's lazily built backend (`BackendSlot`), fault injection for tests (`debug.
 shot's QC artifact.
 
 Holds nothing about groups, fan-out or the film sequence (`flows/runners.py`, `flows/dub_film.py`) and
-no media work of its own (`tasks/render.py` renders).
+no media work of its own (`tasks/render/shot.py` renders).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from flows.progress import ShotProgress, artifact_key, shot_run_name
 from flows.run_lock import hold_lock
 from flows.runtime import run_logger, where_am_i
 from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
-from tasks.backend import Backend, get_backend
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
-from tasks.render import ShotJob, prepare_decision, render_shot_result
-from tasks.shot_key import shot_config
+from tasks.render.backend import Backend, get_backend
+from tasks.render.shot import ShotJob, prepare_decision, render_shot_result
+from tasks.timeline.shot_key import shot_config
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def shot_job(ws: Workspace, film: dict[str, Any], shot: dict[str, Any]) -> ShotJ
 def prepare_one_shot(
     ws: Workspace, film: dict[str, Any], shot: dict[str, Any], backends: BackendSlot
 ) -> None:
-    """The shot's CPU preparation ahead of its render (`tasks.render.prepare_decision`), unless it is done.
+    """The shot's CPU preparation ahead of its render (`tasks.render.shot.prepare_decision`), unless it is done.
     `backends`: a slot of its own (the gate binds its backend to the shot's config; it loads no model)."""
     if read_shot_done(ws, shot["index"], shot["key"]) is None:
         prepare_decision(shot_job(ws, film, shot), backends.get())
@@ -212,7 +212,7 @@ def _publish_qc(tag: str, result: dict[str, Any]) -> None:
             key=artifact_key(tag, "shot", f"{result['index']:04d}", "qc"),
             description=f"QC of shot {result['index']:04d}",
         )
-    except Exception as exc:  # noqa: BLE001 - telemetry must not fail a rendered shot
+    except Exception as exc:  # telemetry must not fail a rendered shot
         log.warning("QC artifact of shot %04d: %s", result["index"], exc)
 
 

@@ -5,7 +5,7 @@ first and last MiB; films are tens of GB, so the whole file is not hashed; repla
 truncating or touching the file changes the key, an in-place edit of the middle that keeps size and mtime
 would not: accepted), the run's kind (quality or preview pass) and the layout version `STORE_LAYOUT`.
 Neither the dub track, nor the shot settings, nor the code are in it: each shot's result is stored under
-its own key (`tasks/shot_key.py`: its frames, its conditioning audio, its effective settings, the weights,
+its own key (`tasks/timeline/shot_key.py`: its frames, its conditioning audio, its effective settings, the weights,
 `RENDER_VERSION`), so a changed line of dialogue, one shot's override or an upgrade re-renders only the
 shots whose own inputs changed.
 
@@ -19,7 +19,7 @@ Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path sh
     film/                   per-film caches (prompt embeddings, audio features: keyed inside)
     shots/0042-<shot key>/  one folder per shot result (4-digit index + its key): content-addressed
         <intermediate>      the shot's rendered file, written through ``atomic_path``
-        shot.chunks/        per-chunk checkpoints (resume inside a long shot; tasks/chunk_checkpoints.py)
+        shot.chunks/        per-chunk checkpoints (resume inside a long shot; tasks/render/chunk_checkpoints.py)
         done.json           written atomically and LAST: the result is complete iff this exists, is readable
                             and its ``result.file`` record (size, SHA-256, frames) matches the intermediate
         failed.json         the last failure's reason (removed when the shot completes)
@@ -50,17 +50,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.jsonfiles import (  # noqa: F401 (re-exported: the workspace's file helpers)
+from tasks.files import (
     WorkspaceError,
-    _json_bytes,
-    _jsonable,
-    _publish_once,
-    atomic_path,
-    atomic_write_bytes,
     atomic_write_json,
+    json_bytes,
+    jsonable,
+    publish_once,
     read_json,
 )
-from tasks.intermediates import verify
+from tasks.media.intermediates import verify
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +132,7 @@ def film_fingerprint(film: str | os.PathLike[str]) -> str:
 
 def stable_hash(obj: Any, length: int = 16) -> str:
     """SHA-256 of the canonical JSON of ``obj`` (dataclasses, paths, fractions and enums allowed)."""
-    text = json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(jsonable(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
@@ -144,7 +142,7 @@ def config_hash(config: Any, *, exclude: Iterable[str] = ()) -> str:
     Leave out what does not change the result (output path, workspace root, worker count), so that
     such changes still resume. Keys are top-level (``"encode"``) or dotted (``"infinitetalk.profile"``).
     """
-    data = _jsonable(config)
+    data = jsonable(config)
     if not isinstance(data, dict):
         raise TypeError(f"config_hash: expected a mapping or dataclass, got {type(config).__name__}")
     for key in exclude:
@@ -198,7 +196,7 @@ def open_workspace(
     }
     target = path / MANIFEST
     if not target.exists():
-        _publish_once(target, _json_bytes(manifest))
+        publish_once(target, json_bytes(manifest))
     existing = read_json(target)
     return Workspace(root=str(Path(root).resolve()), key=key, incarnation=str(existing["incarnation"]))
 
@@ -305,7 +303,7 @@ def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
     Never raises (the audit line is logged instead when it cannot be written, e.g. on a full disk).
     """
     line = json.dumps(
-        {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **_jsonable(record)}, sort_keys=True
+        {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **jsonable(record)}, sort_keys=True
     )
     try:
         fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

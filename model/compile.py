@@ -48,7 +48,7 @@ def compile_blocks(
 
 def compiled_graph_count() -> int:
     """Graphs dynamo has compiled in this process so far (a recompile adds one)."""
-    from torch._dynamo.utils import counters  # noqa: PLC0415 (private module, import late)
+    from torch._dynamo.utils import counters  # private module, import late
 
     return int(counters["stats"]["unique_graphs"])
 

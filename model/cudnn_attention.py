@@ -45,7 +45,7 @@ _ACTIVE: contextvars.ContextVar[CudnnAttention | None] = contextvars.ContextVar(
 
 def _cudnn():
     try:
-        import cudnn  # noqa: PLC0415 (optional dependency, CUDA hosts only)
+        import cudnn  # optional dependency, CUDA hosts only
     except ImportError as exc:
         raise RuntimeError(
             "attention backend 'cudnn'/'cudnn_fp8' needs the nvidia-cudnn-frontend package "
@@ -230,7 +230,7 @@ class CudnnAttention:
                 graph.execute_plan_at_index(pack, entry.workspace, i, handle=handle)
                 end.record()
                 end.synchronize()
-            except Exception as exc:  # noqa: BLE001 (a plan that cannot run is just not a candidate)
+            except Exception as exc:  # a plan that cannot run is just not a candidate
                 log.debug("cuDNN attention plan %d failed: %s", i, exc)
                 continue
             times[i] = start.elapsed_time(end) / 1e3

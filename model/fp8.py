@@ -160,7 +160,7 @@ def convert_to_fp8(
     and put back where it was, so a host-resident model (block offload) is converted exactly as a
     resident one would be. Returns the number of converted layers.
     """
-    from model.quant import DequantLinear  # noqa: PLC0415 (quant imports the DiT; keep fp8 light)
+    from model.quant import DequantLinear  # quant imports the DiT; keep fp8 light
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if use_scaled_mm is None:

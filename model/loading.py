@@ -96,13 +96,13 @@ class Models:
 
 
 def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
-    from model.dit_loader import load_dit  # noqa: PLC0415
-    from model.lora import merge_lora  # noqa: PLC0415
+    from model.dit_loader import load_dit
+    from model.lora import merge_lora
 
     wan = root / layout.wan_dir
     device = "cpu" if spec.offload else spec.device  # offload: host first, placed by _offload_dit
     if spec.quant != "none":
-        from model.quant import load_quant_dit  # noqa: PLC0415 (imports optimum-quanto)
+        from model.quant import load_quant_dit  # imports optimum-quanto
 
         qfile = root / layout.quant_file(spec.quant, spec.multi)
         return load_quant_dit(wan, qfile, dtype=spec.dtype, device=device)
@@ -114,7 +114,7 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
 
 def _offload_dit(dit: nn.Module, device: str) -> None:
     """Host-resident DiT -> everything but the blocks on `device`, the blocks behind a BlockOffload."""
-    from model.offload import BlockOffload  # noqa: PLC0415
+    from model.offload import BlockOffload
 
     blocks = dit.blocks
     dit.blocks = nn.ModuleList()  # move the rest (embeddings, head, audio projection) without them
@@ -152,10 +152,10 @@ def _cross_check(models: Models, root: Path, layout: WeightsLayout) -> None:
 
 def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
     """Load the requested components from a weights root in the official layout (see `model.weights`)."""
-    from model.clip import load_clip  # noqa: PLC0415 (keep `import model.loading` light)
-    from model.t5 import load_t5  # noqa: PLC0415
-    from model.vae import load_vae  # noqa: PLC0415
-    from model.wav2vec import load_wav2vec  # noqa: PLC0415
+    from model.clip import load_clip  # keep `import model.loading` light
+    from model.t5 import load_t5
+    from model.vae import load_vae
+    from model.wav2vec import load_wav2vec
 
     spec = spec or LoadSpec()
     root = Path(root)
@@ -172,14 +172,14 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
             )
         models.dit = _load_dit(root, layout, spec)
         if spec.fp8_compute:
-            from model.fp8 import convert_to_fp8  # noqa: PLC0415
+            from model.fp8 import convert_to_fp8
 
             n = convert_to_fp8(models.dit, device=spec.device)  # quantized on the run device
             log.info("DiT: %d block linears run as fp8 GEMMs", n)
         if spec.offload:
             _offload_dit(models.dit, spec.device)
         if spec.fp8_attention:
-            from model.cudnn_attention import fp8_supported  # noqa: PLC0415
+            from model.cudnn_attention import fp8_supported
 
             if not fp8_supported(torch.device(spec.device)):
                 raise ValueError(
@@ -189,7 +189,7 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
             models.dit.attn_backend = "cudnn_fp8"
             log.info("DiT: self-attention runs as cuDNN fp8 attention")
         if spec.compile:
-            from model.compile import compile_blocks  # noqa: PLC0415
+            from model.compile import compile_blocks
 
             compile_blocks(models.dit)
     if "vae" in want:

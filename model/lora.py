@@ -107,7 +107,7 @@ def parse_lora(tensors: dict[str, torch.Tensor], source: str) -> list[LoraUpdate
 
 def read_lora(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a LoRA safetensors file (memory-mapped)."""
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     if not path.is_file():
         raise LoraError(f"{path}: LoRA file not found")

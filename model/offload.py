@@ -280,7 +280,7 @@ RESERVE_BYTES = 2**30  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragme
 def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool) -> int:
     """Device bytes of the DiT's weights: floats at `dtype`; 1 byte per weight (+ a float32 scale per
     output row) for the block Linears with `fp8_blocks`, or for every Linear of a quantized DiT."""
-    from model.dit import InfiniteTalkDiT  # noqa: PLC0415 (keep `import model.offload` light)
+    from model.dit import InfiniteTalkDiT  # keep `import model.offload` light
 
     with torch.device("meta"):
         model = InfiniteTalkDiT(config)

@@ -92,7 +92,7 @@ def expected_quant_keys(model: nn.Module, qmap: dict, source: str) -> set[str]:
 
 def _to_dequant(model: nn.Module, dtype: torch.dtype) -> int:
     """Replace every quanto QLinear by a DequantLinear holding the same 1-byte data. Returns the count."""
-    from optimum.quanto.nn import QLinear  # noqa: PLC0415 (optional heavy import)
+    from optimum.quanto.nn import QLinear  # optional heavy import
 
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, QLinear)]
     for name, m in targets:
@@ -115,7 +115,7 @@ def load_quant_dit(
     device: torch.device | str = "cpu",
 ) -> InfiniteTalkDiT:
     """DiT from `wan_dir/config.json` + an official quanto file (+ its `.json` map), strictly checked."""
-    from optimum.quanto import requantize  # noqa: PLC0415 (optional heavy import)
+    from optimum.quanto import requantize  # optional heavy import
 
     wan_dir, quant_file = Path(wan_dir), Path(quant_file)
     config_path = wan_dir / "config.json"

@@ -152,7 +152,7 @@ def stream_generate(
     reference_frame_fn(chunk_index, start_frame) -> (3, 1, H, W) in [-1, 1]: the sliding
     reference frame (the official loop reads frame ``start`` of the conditioning video).
     color_fn(video (1,3,T,H,W), reference (1,3,1,H,W), strength) -> video, e.g.
-    ``tasks.color.match_and_blend``; skipped when None or the strength is 0.
+    ``tasks.picture.color.match_and_blend``; skipped when None or the strength is 0.
     generator: noise source (default: seeded with ``settings.seed`` on the context's device, as
     the official loop's global generator). Noise is drawn on the generator's device and moved, so a
     CPU generator gives the same noise on any device. On resume the state's RNG state is loaded

@@ -130,7 +130,7 @@ def official_name(key: str) -> str:
 
 def clean_prompt(text: str) -> str:
     """The official 'whitespace' cleaning: ftfy fix, double HTML unescape, collapse whitespace."""
-    import ftfy  # noqa: PLC0415 (only needed when prompts are tokenized)
+    import ftfy  # only needed when prompts are tokenized
 
     text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
     return re.sub(r"\s+", " ", text).strip()

@@ -132,7 +132,7 @@ def _normal(gen: torch.Generator, shape: tuple[int, ...], std: float, mean: floa
 
 def write_tiny_vae(path: Path | str, seed: int, dim: int = 8, z_dim: int = 16) -> dict[str, torch.Tensor]:
     """Random Wan VAE saved like `Wan2.1_VAE.pth`: conv kernels N(0, 1/fan_in), gains 1 + N(0, 0.05^2)."""
-    from model.vae import CausalVAE, VAEConfig  # noqa: PLC0415
+    from model.vae import CausalVAE, VAEConfig
 
     with torch.device("meta"):
         model = CausalVAE(VAEConfig(dim=dim, z_dim=z_dim))
@@ -184,9 +184,9 @@ _TINY_WORDS = (
 def write_tiny_tokenizer(directory: Path | str) -> Path:
     """A small SentencePiece-style Unigram tokenizer (<pad>=0, </s>=1, <unk>=2) that `AutoTokenizer`
     loads offline as a T5 tokenizer, standing in for the `google/umt5-xxl` folder."""
-    import string  # noqa: PLC0415
+    import string
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
     pieces += [(c, -6.0) for c in string.ascii_letters + string.digits + string.punctuation]
@@ -291,7 +291,7 @@ def write_tiny_wav2vec(directory: Path | str, seed: int, layers: int = 12, hidde
     """Random wav2vec2 HF folder (config, preprocessor config, fp16 model.safetensors). Layer count
     and width are what the DiT's audio adapter hard-codes; everything else is shrunk. Linear and conv
     weights N(0, 1/fan_in), norm gains 1 + N(0, 0.05^2), biases N(0, 0.02^2)."""
-    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model  # noqa: PLC0415
+    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
     config = Wav2Vec2Config(
         hidden_size=hidden,
@@ -339,9 +339,9 @@ def write_tiny_quant(
 ) -> Path:
     """Quantize a written tiny DiT with optimum-quanto (fp8 | int8) into the official file pair
     (`<out>.safetensors` + `<out>.json` quantization map)."""
-    from optimum.quanto import freeze, qfloat8, qint8, quantization_map, quantize  # noqa: PLC0415
+    from optimum.quanto import freeze, qfloat8, qint8, quantization_map, quantize
 
-    from model.dit_loader import load_dit  # noqa: PLC0415
+    from model.dit_loader import load_dit
 
     model = load_dit(wan_dir, infinitetalk_file, dtype=torch.float32)
     quantize(model, weights={"fp8": qfloat8, "int8": qint8}[quant])
@@ -366,8 +366,8 @@ def write_tiny_multi(infinitetalk_file: Path | str, config: DiTConfig, seed: int
 def add_tiny_multi(root: Path | str, seed: int = 0) -> bool:
     """Give a tiny root written before the multi checkpoint joined the layout its multi file (the one
     `write_tiny_root` writes, written to a temporary name and moved into place); False if it had one."""
-    from model.config import DIT_PRESETS  # noqa: PLC0415 (as write_tiny_root does)
-    from model.weights import WeightsLayout  # noqa: PLC0415
+    from model.config import DIT_PRESETS  # as write_tiny_root does
+    from model.weights import WeightsLayout
 
     target = Path(root) / WeightsLayout().multi
     if target.is_file():
@@ -385,8 +385,8 @@ def write_tiny_root(
     `load_models` reads exactly like the real one: tiny DiT (3 shards + index + InfiniteTalk file),
     the multi InfiniteTalk file (unless `multi=False`; seeded apart from single), VAE, umT5 + tokenizer,
     CLIP (vision + text tower), wav2vec2 folder, optional quantized DiTs."""
-    from model.config import DIT_PRESETS  # noqa: PLC0415
-    from model.weights import WeightsLayout  # noqa: PLC0415
+    from model.config import DIT_PRESETS
+    from model.weights import WeightsLayout
 
     root = Path(root)
     layout = WeightsLayout()

@@ -41,7 +41,7 @@ def loudness_normalize(
     wave: np.ndarray, sr: int = SAMPLE_RATE, target_lufs: float = TARGET_LUFS
 ) -> np.ndarray:
     """Scale to `target_lufs` integrated loudness (BS.1770); silent or too-short audio is returned as is."""
-    import pyloudnorm  # noqa: PLC0415 (only the audio path needs it)
+    import pyloudnorm  # only the audio path needs it
 
     if len(wave) < _LOUDNESS_BLOCK_S * sr:
         log.info("audio of %d samples is shorter than one loudness block; not normalised", len(wave))

@@ -92,7 +92,7 @@ class WorkspaceConfig:
 
 @dataclass(frozen=True)
 class ChecksConfig:
-    """Early checks, locks and timeouts (`tasks.preflight`, `flows.run_lock`); never part of the workspace key."""
+    """Early checks, locks and timeouts (`tasks.render.preflight`, `flows.run_lock`); never part of the workspace key."""
 
     ffv1_ratio: float  # FFV1 intermediate size / raw RGB size, for the free-disk estimate
     lock_wait_s: float  # a second run of the same workspace waits this long for the first one
@@ -102,7 +102,7 @@ class ChecksConfig:
 @dataclass(frozen=True)
 class CostConfig:
     """Shot-group sizing (`flows.groups.GpuCost`): chunks are priced like `dubflow estimate`
-    (`tasks.estimate.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
+    (`flows.estimate.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
 
     max_load_share: float  # a group's model load is at most this share of its GPU time
     fallback_dit_forward_s: float
@@ -191,7 +191,7 @@ class PresetsConfig:
 
 @dataclass(frozen=True)
 class RegionSettings:
-    """Which part of a shot is dubbed (see `tasks.region.RegionConfig`)."""
+    """Which part of a shot is dubbed (see `tasks.picture.region.RegionConfig`)."""
 
     mode: Literal["region", "full"]
     motion: Literal["auto", "static", "follow"]
@@ -214,7 +214,7 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class SpeakerConfig:
-    """Faces on film and the active speaker (tasks.face_analysis, tasks.speaker), and the VAD (tasks.vad)."""
+    """Faces on film and the active speaker (tasks.perception.face_analysis, tasks.perception.speaker), and the VAD (tasks.perception.vad)."""
 
     detect_every: int  # the face detector runs on every k-th frame; boxes are interpolated in between
     detect_max_side: int  # analysis frames (display orientation) are downscaled to this longest side
@@ -239,7 +239,7 @@ class SpeakerConfig:
 
 @dataclass(frozen=True)
 class CastConfig:
-    """Characters across the film (tasks.characters, tasks.cast) and per-character dub stems (tasks.stems)."""
+    """Characters across the film (tasks.decision.characters, tasks.decision.cast) and per-character dub stems (tasks.decision.stems)."""
 
     characters: dict[str, Any]  # {NAME: [reference still, ...]}: names characters from a few stills
     names: dict[str, Any]  # {automatic id: NAME}: renames confirmed in the shot plan's characters: section
@@ -263,7 +263,7 @@ class QcSettings:
 
 @dataclass(frozen=True)
 class ShotPipelineConfig:
-    """The per-shot chunk loop (`tasks.overlap`): decode ahead / finish behind the model on threads."""
+    """The per-shot chunk loop (`tasks.render.overlap`): decode ahead / finish behind the model on threads."""
 
     overlap: bool
     queue: int  # chunks decoded ahead and chunks waiting to be written, each at most
@@ -280,7 +280,7 @@ class EstimateConfig:
 
 @dataclass(frozen=True)
 class TimelineConfig:
-    """The edit-suite timeline next to each output (`tasks.timeline_export`): `<out>.otio` always, and these."""
+    """The edit-suite timeline next to each output (`tasks.timeline.export`): `<out>.otio` always, and these."""
 
     edl: bool  # <out>.edl: a CMX 3600 EDL of the dubbed shots (an EDL holds one video track)
     fcp_xml: bool  # <out>.xml: Final Cut Pro 7 XML with the source, dubbed and dub-audio tracks

@@ -72,7 +72,7 @@ def film() -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 def write_film(root: Path) -> dict[str, Path]:
     """The film (its own audio: the mix), the mix, both stems as wav and both stills, under ``root``."""
-    import soundfile as sf  # noqa: PLC0415
+    import soundfile as sf
 
     frames, stems = film()
     mix = (stems["ANNA"] + stems["BEN"]).astype(np.float32)
@@ -97,7 +97,7 @@ def stills(root: Path) -> dict[str, Path]:
 
 def write_short_film(root: Path, frames: int = 40) -> dict[str, Path]:
     """Shots 0 and 2 of the film, ``frames`` long each (ANNA, then both at once), with their stems."""
-    import soundfile as sf  # noqa: PLC0415
+    import soundfile as sf
 
     full, stems = film()
     keep = np.r_[0:frames, 2 * N : 2 * N + frames]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.ffmpeg import ffmpeg_exe
+from tasks.media.ffmpeg import ffmpeg_exe
 
 # Distinct base colours per shot so every cut is a hard cut for any detector.
 _PALETTE = [
@@ -150,8 +150,8 @@ def sha256(path: str | Path) -> str:
 
 def decode_all(path: str | Path) -> np.ndarray:
     """Every frame, coded orientation, uint8 (N, H, W, 3), via the pipeline's own decoder."""
-    from tasks.frames import iter_frames
-    from tasks.probe import probe
+    from tasks.media.frames import iter_frames
+    from tasks.media.probe import probe
 
     return np.stack(list(iter_frames(probe(path))))
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.audio import decode_audio
-from tasks.ffmpeg import ffmpeg_exe
+from tasks.media.audio import decode_audio
+from tasks.media.ffmpeg import ffmpeg_exe
 
 SEEDS = Path(__file__).parent / "data" / "talking"
 FPS = 25

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.assemble import AudioSource, assemble, build_encode_args, check_output_path
-from tasks.audio import decode_audio
 from tasks.config import load_config
 from tasks.errors import DecodeError, OutputError
-from tasks.frames import LosslessWriter, iter_frames
-from tasks.probe import probe, read_header
+from tasks.media.assemble import AudioSource, assemble, build_encode_args, check_output_path
+from tasks.media.audio import decode_audio
+from tasks.media.frames import LosslessWriter, iter_frames
+from tasks.media.probe import probe, read_header
 from tests.media import decode_all, make_audio, make_clip, psnr
 
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.audio import (
+from tasks.config import load_config
+from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
+from tasks.media.audio import (
     DialogueTrack,
     check_length,
     decode_audio,
@@ -18,8 +20,6 @@ from tasks.audio import (
     sample_at_frame,
     slice_bounds,
 )
-from tasks.config import load_config
-from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
 from tests.media import make_audio, make_clip
 
 FPS = Fraction(24000, 1001)

@@ -11,14 +11,14 @@ import soundfile as sf
 import yaml
 
 from flows.cli import main
-from tasks.cast import plan_characters, plan_names, read_cast_file
-from tasks.characters import TrackFaces, link_characters
+from flows.estimate import estimate_film
 from tasks.config import load_config
+from tasks.decision.cast import plan_characters, plan_names, read_cast_file
+from tasks.decision.characters import TrackFaces, link_characters
+from tasks.decision.plan_file import plan_document, write_plan
+from tasks.decision.stems import parse_stems, stem_turns
 from tasks.errors import ConfigError
-from tasks.estimate import estimate_film
-from tasks.face_analysis import ShotFaces, TrackInfo
-from tasks.plan_file import plan_document, write_plan
-from tasks.stems import parse_stems, stem_turns
+from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tests.cast_cases import HALF, N, write_film
 from tests.speaker_cases import FPS, SR, side_of
 
@@ -201,10 +201,10 @@ def test_bad_stems_and_cast_files_are_one_line_errors(film, tmp_path, capsys):
 
 def test_two_speaker_regions_in_the_shot_table_and_the_qc_sheet():
     from flows.report import speaker_columns
-    from tasks.gate import decide_dub
-    from tasks.qc_overlay import GREEN, SpeakerOverlay
-    from tasks.region import RegionConfig
-    from tasks.speech import SpeechInfo
+    from tasks.decision.gate import decide_dub
+    from tasks.perception.speech import SpeechInfo
+    from tasks.picture.region import RegionConfig
+    from tasks.render.qc_overlay import GREEN, SpeakerOverlay
 
     faces, chars = _faces(), {"0": "ANNA", "1": "BEN"}
     turns, _ = stem_turns(faces, chars, {"ANNA": [[0, 100, -20]], "BEN": [[0, 100, -30]]}, [], min_turn=10)

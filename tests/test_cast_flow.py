@@ -12,11 +12,11 @@ import pytest
 import soundfile as sf
 
 from flows.dub_film import dub_film_inline
-from tasks import backend as backend_registry
-from tasks.backend import ShotDecision
+from flows.estimate import estimate_film
 from tasks.config import load_config
-from tasks.estimate import estimate_film
-from tasks.shot_decision import decide_shot, faces_path, regions_json
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
+from tasks.render.shot import backend as backend_registry
 from tests.cast_cases import write_short_film
 
 SEEN: list[dict] = []  # what the recording backend was handed, per shot (this test module only)

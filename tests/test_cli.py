@@ -15,7 +15,7 @@ import soundfile as sf
 from flows.cli import main
 from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError
-from tasks.probe import probe
+from tasks.media.probe import probe
 from tests.media import decode_all, encoders, make_audio, make_clip, psnr, sha256
 
 REPO = Path(__file__).resolve().parents[1]
@@ -251,12 +251,12 @@ def test_policy_allows_a_short_dub(good, tmp_path: Path):
     records: list[logging.LogRecord] = []
     listener = logging.Handler(logging.WARNING)
     listener.emit = records.append
-    logging.getLogger("tasks.audio").addHandler(listener)
+    logging.getLogger("tasks.media.audio").addHandler(listener)
     try:
         rc = main(["dub", str(good["src"]), "--audio", str(good["short"]), "--out", str(out), "--no-prefect",
                    "--set", "audio.length_policy=pad", "--set", f"workspace.root={tmp_path / 'ws'}"])  # fmt: skip
     finally:
-        logging.getLogger("tasks.audio").removeHandler(listener)
+        logging.getLogger("tasks.media.audio").removeHandler(listener)
     assert rc == 0
     assert any("padding with silence" in r.getMessage() for r in records)
     o = probe(out)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks import color
-from tasks.color import lab_to_rgb, match_and_blend, rgb_to_lab
+from tasks.picture import color
+from tasks.picture.color import lab_to_rgb, match_and_blend, rgb_to_lab
 
 
 def _skimage_reference(video: np.ndarray, ref: np.ndarray, strength: float) -> np.ndarray:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from flows.estimate import chunk_price, estimate_film, latent_frames, shot_gpu_s
 from flows.groups import GpuCost
 from tasks.config import REMOVED_KEYS, PipelineConfig, PlanConfig, load_config
 from tasks.errors import ConfigError
-from tasks.estimate import chunk_price, estimate_film, latent_frames, shot_gpu_s
-from tasks.plan import ShotPlan, plan_shot
-from tasks.shots import Shot
+from tasks.timeline.plan import ShotPlan, plan_shot
+from tasks.timeline.shots import Shot
 
 REPO = Path(__file__).resolve().parents[1]
 FILM, DUB = REPO / "data" / "sample_film.mp4", REPO / "data" / "sample_dub.wav"

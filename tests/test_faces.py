@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from tasks.config import load_config
-from tasks.face_analysis import analyse_frames
-from tasks.faces import FaceDetector
-from tasks.ffmpeg import ffmpeg_exe
-from tasks.tracks import appearance, iou, link_tracks
-from tasks.vad import at_frames, speech_probs
+from tasks.media.ffmpeg import ffmpeg_exe
+from tasks.perception.face_analysis import analyse_frames
+from tasks.perception.faces import FaceDetector
+from tasks.perception.tracks import appearance, iou, link_tracks
+from tasks.perception.vad import at_frames, speech_probs
 from tests.speaker_cases import SEEDS, faceless, listener, seed_audio, seed_frames, two_up
 
 CFG = load_config().speaker

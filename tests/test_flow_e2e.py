@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from flows.progress import attempt_phases
-from flows.workspace import Workspace, read_attempts, read_json, read_shot_done
-from tasks.probe import probe
+from flows.workspace import Workspace, read_attempts, read_shot_done
+from tasks.files import read_json
+from tasks.media.probe import probe
 from tests.media import make_audio, make_clip
 from tests.stack import Stack
 

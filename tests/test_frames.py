@@ -11,19 +11,16 @@ import pytest
 import torch
 
 from tasks.errors import DecodeError
-from tasks.ffmpeg import ffmpeg_exe
-from tasks.frames import (
+from tasks.media.ffmpeg import ffmpeg_exe
+from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
+from tasks.media.probe import probe
+from tasks.picture.geometry import (
     CropGeometry,
-    FrameCursor,
-    LosslessWriter,
     ModelGeometry,
     choose_bucket,
-    iter_frames,
-    read_frames,
     resize_and_centercrop,
     resize_and_centercrop_tensor,
 )
-from tasks.probe import probe
 from tests.media import decode_all, make_clip, run_ffmpeg, shot_frames
 
 

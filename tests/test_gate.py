@@ -2,11 +2,11 @@
 
 import pytest
 
-from tasks.face_analysis import ShotFaces, TrackInfo
-from tasks.gate import Decision, decide_dub, parse_overrides, speaker_turns
-from tasks.region import RegionConfig
-from tasks.speaker import SpeakerSegment
-from tasks.speech import SpeechInfo
+from tasks.decision.gate import Decision, decide_dub, parse_overrides, speaker_turns
+from tasks.perception.face_analysis import ShotFaces, TrackInfo
+from tasks.perception.speaker import SpeakerSegment
+from tasks.perception.speech import SpeechInfo
+from tasks.picture.region import RegionConfig
 
 SPEECH = SpeechInfo(True, 0.734, ((0.2, 2.4),), "speech 2.2 s (73%)")
 SILENT = SpeechInfo(False, 0.0, (), "no speech in dub track (silent)")
@@ -130,7 +130,7 @@ def test_bad_overrides_name_the_shot():
 def test_decision_round_trips_through_json():
     import json
 
-    from tasks.gate import DubRegion
+    from tasks.decision.gate import DubRegion
 
     d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]), REGION)
     back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["regions"]]

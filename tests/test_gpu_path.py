@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from model.vae import VAE_CONFIGS, CausalVAE, WanVAE, ZeroTailMemo
-from tasks.frames import ModelGeometry
 from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels
 from tasks.infinitetalk.session import sampler_settings
 from tasks.infinitetalk.tiny import tiny_hw
 from tasks.infinitetalk.warmup import warm_up
-from tasks.plan import ShotPlan
-from tasks.probe import VideoInfo
-from tasks.render import render_shot_result
+from tasks.media.probe import VideoInfo
+from tasks.picture.geometry import ModelGeometry
+from tasks.render.shot import render_shot_result
+from tasks.timeline.plan import ShotPlan
 from tests.media import decode_all
 from tests.test_infinitetalk import SHORT_CHUNKS, _job
 
@@ -96,7 +96,7 @@ def test_fast_preset_accepts_a_declared_distilled_checkpoint(tmp_path: Path):
     from tasks.config import load_config
     from tasks.errors import ConfigError
     from tasks.infinitetalk.options import resolve_options
-    from tasks.shot_key import shot_settings
+    from tasks.timeline.shot_key import shot_settings
 
     root = tmp_path / "weights"
     root.mkdir()
@@ -153,7 +153,7 @@ def test_next_shot_is_prepared_one_ahead_and_its_errors_stay_with_it(tmp_path: P
 def test_a_prepared_decision_is_the_one_the_render_uses(tmp_path: Path, ws_root: Path):
     """`prepare_decision` (the next shot's preparation) keeps the gate's decision where the render reads
     it: the render then gates nothing and writes the same frames as a render that gated itself."""
-    from tasks.render import prepare_decision
+    from tasks.render.shot import prepare_decision
 
     class Counting(InfiniteTalkBackend):
         gated = 0

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from flows.groups import GpuCost, ShotCost, plan_groups
 from tasks.config import PlanConfig, load_config
-from tasks.plan import ShotPlan, plan_shot
-from tasks.shots import Shot
+from tasks.timeline.plan import ShotPlan, plan_shot
+from tasks.timeline.shots import Shot
 
 TOL = 1e-6
 

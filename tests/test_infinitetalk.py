@@ -17,11 +17,9 @@ import numpy as np
 import pytest
 
 import tasks.infinitetalk.resident as it
-from tasks.audio import prepare_dialogue, slice_bounds
-from tasks.backend import get_backend
 from tasks.config import load_config
+from tasks.decision.shot_decision import decide_shot, decision_regions
 from tasks.errors import ConfigError
-from tasks.frames import CropGeometry, ModelGeometry, iter_frames
 from tasks.infinitetalk import (
     TINY_BANNER,
     ResidentModels,
@@ -31,12 +29,15 @@ from tasks.infinitetalk import (
     ensure_tiny_root,
     resolve_options,
 )
-from tasks.plan import plan_shot
-from tasks.probe import probe
-from tasks.region import RegionPlan
-from tasks.render import ShotJob, render_shot, render_shot_result
-from tasks.shot_decision import decide_shot, decision_regions
-from tasks.shots import Shot
+from tasks.media.audio import prepare_dialogue, slice_bounds
+from tasks.media.frames import iter_frames
+from tasks.media.probe import probe
+from tasks.picture.geometry import CropGeometry, ModelGeometry
+from tasks.picture.region import RegionPlan
+from tasks.render.backend import get_backend
+from tasks.render.shot import ShotJob, render_shot, render_shot_result
+from tasks.timeline.plan import plan_shot
+from tasks.timeline.shots import Shot
 from tests.media import decode_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,7 +191,7 @@ def test_one_model_load_for_several_shots_from_a_root_in_the_official_layout(
 _CHILD = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
-from tasks.render import render_shot_result
+from tasks.render.shot import render_shot_result
 render_shot_result(json.load(open(sys.argv[1])))
 """
 
@@ -214,7 +215,7 @@ def test_killed_worker_resumes_at_the_chunk_it_was_in(
         for line in child.stderr:
             seen.append(line)
             if "generating chunk 2/3" in line:
-                # chunk 1 is finished on the writer thread while chunk 2 generates (tasks.overlap): kill
+                # chunk 1 is finished on the writer thread while chunk 2 generates (tasks.render.overlap): kill
                 # once its checkpoint is on disk, so the kill lands inside chunk 2's generation
                 done_1 = tmp_path / "killed.chunks" / "chunk_0000.done"
                 while not done_1.exists() and time.monotonic() < deadline:
@@ -326,7 +327,7 @@ def test_options_come_from_the_section_with_backend_options_on_top():
 
 def _speaker_box(index: int) -> tuple[int, int, int, int]:
     """The dub crop the gate plans for a sample-film shot (display = coded pixels here)."""
-    from tasks.audio import decode_audio
+    from tasks.media.audio import decode_audio
 
     info, (s, e) = probe(FILM), SHOTS[index]
     audio = decode_audio(DUB, sample_rate=16000, channels=1)
@@ -365,7 +366,7 @@ def test_chunk_plans_agree_with_the_sampler():
     from fractions import Fraction
 
     from tasks.config import PlanConfig
-    from tasks.plan import ShotPlan
+    from tasks.timeline.plan import ShotPlan
 
     for fps in (Fraction(24000, 1001), Fraction(25), Fraction(30000, 1001)):
         for frame_num, motion in ((81, 9), (13, 5), (9, 1)):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.checkpoint_state import StateError, decode_state, encode_state, load_state, save_state
-from tasks.intermediates import count_packets, crc_errors, read_marker, record_written, verify
-from tasks.render import render_shot_result
+from tasks.media.intermediates import count_packets, crc_errors, read_marker, record_written, verify
+from tasks.render.checkpoint_state import StateError, decode_state, encode_state, load_state, save_state
+from tasks.render.shot import render_shot_result
 from tests.media import decode_all, make_clip
 from tests.test_local_flow import FlakyBackend, _job
 
@@ -76,7 +76,7 @@ def test_a_flipped_chunk_segment_is_recomputed_not_joined(tmp_path: Path, caplog
         result = _finish_and_check(clip, job, backend)
         # stateless: chunk 1 again; with a state: chunk 0's state is no longer kept, so the shot starts over
         assert result["chunks_resumed"] == resumed and backend.calls[2] == resumed
-        (line,) = [r.message for r in caplog.records if r.name == "tasks.chunk_checkpoints"]
+        (line,) = [r.message for r in caplog.records if r.name == "tasks.render.chunk_checkpoints"]
         assert "chunk_0001.mkv" in line and "hash" in line
 
 
@@ -158,8 +158,8 @@ def test_chunk_state_round_trips_as_data_and_rejects_anything_else(tmp_path: Pat
 
 
 def test_written_intermediates_are_counted_and_crc_checked(tmp_path: Path):
-    from tasks.frames import LosslessWriter, iter_frames
-    from tasks.probe import probe
+    from tasks.media.frames import LosslessWriter, iter_frames
+    from tasks.media.probe import probe
 
     clip = make_clip(tmp_path / "c.mp4", (12,), audio_channels=None)
     info = probe(clip)

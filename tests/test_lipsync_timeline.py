@@ -10,11 +10,11 @@ import numpy as np
 
 from model.chunks import chunk_audio_indices, plan_chunks
 from model.wav2vec import frame_count
-from tasks.audio import sample_at_frame
 from tasks.config import PlanConfig
 from tasks.infinitetalk import FeatureTimeline, check_plan_agreement, shot_feature_range
-from tasks.plan import plan_shot
-from tasks.shots import Shot
+from tasks.media.audio import sample_at_frame
+from tasks.timeline.plan import plan_shot
+from tasks.timeline.shots import Shot
 
 FPS = Fraction(24000, 1001)
 SR = 16000

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.audio import prepare_dialogue, slice_bounds
-from tasks.backend import PassthroughBackend, get_backend
 from tasks.config import load_config
 from tasks.errors import ConfigError, MediaError
-from tasks.plan import plan_shot
-from tasks.probe import probe
-from tasks.render import ShotJob, render_shot
-from tasks.shots import Shot
+from tasks.media.audio import prepare_dialogue, slice_bounds
+from tasks.media.probe import probe
+from tasks.render.backend import PassthroughBackend, get_backend
+from tasks.render.shot import ShotJob, render_shot
+from tasks.timeline.plan import plan_shot
+from tasks.timeline.shots import Shot
 from tests.media import decode_all, make_audio, make_clip, psnr
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -151,7 +151,7 @@ def _task_runs(flow_run_ids: list) -> list:
 def test_dub_film_flow_on_the_sample_film(tmp_path: Path):
     from flows.dub_film import dub_film
     from flows.workspace import read_attempts
-    from tasks.audio import decode_audio
+    from tasks.media.audio import decode_audio
 
     meta = json.loads((DATA / "sample_film.json").read_text())
     src, dub = DATA / meta["film"], DATA / meta["dub"]
@@ -205,7 +205,8 @@ def test_dub_film_flow_on_the_sample_film(tmp_path: Path):
 
 
 def _ws(ws_dir: Path):
-    from flows.workspace import Workspace, read_json
+    from flows.workspace import Workspace
+    from tasks.files import read_json
 
     manifest = read_json(ws_dir / "workspace.json")
     return Workspace(root=str(ws_dir.parent), key=manifest["key"], incarnation=manifest["incarnation"])

@@ -26,8 +26,8 @@ from model.tiling import TileSpec
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
-from tasks.render import render_shot_result
-from tasks.shot_key import shot_settings
+from tasks.render.shot import render_shot_result
+from tasks.timeline.shot_key import shot_settings
 from tests.media import decode_all
 from tests.test_infinitetalk import _job, resident, ws_root  # noqa: F401 (fixtures)
 

@@ -20,15 +20,15 @@ import model.dit as dit_module
 from model.loading import LoadSpec, load_models
 from model.tiny import write_tiny_root
 from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
-from tasks.backend import ShotDecision
 from tasks.config import load_config
+from tasks.decision.gate import DubRegion
+from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
-from tasks.gate import DubRegion
 from tasks.infinitetalk import InfiniteTalkBackend
 from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, switch_load_s, two_speakers
-from tasks.intermediates import write_marker
-from tasks.region import RegionPlan, full_frame_box
-from tasks.render import ShotJob, render_shot_result
+from tasks.media.intermediates import write_marker
+from tasks.picture.region import RegionPlan, full_frame_box
+from tasks.render.shot import ShotJob, render_shot_result
 from tests.media import decode_all
 from tests.test_infinitetalk import SHOTS, _job, resident, ws_root  # noqa: F401 (fixtures)
 
@@ -175,8 +175,8 @@ def test_pricing_a_two_speaker_shot_adds_the_multi_model_load():
 
     from flows.dub_film import _shot_cost
     from flows.groups import GpuCost
-    from tasks.plan import plan_shot
-    from tasks.shots import Shot
+    from tasks.timeline.plan import plan_shot
+    from tasks.timeline.shots import Shot
 
     assert switch_load_s([_two_region(10).to_dict()], 52.0) == 52.0
     one = dataclasses.replace(_two_region(10), status="speaker", people=())

@@ -1,4 +1,4 @@
-"""Confined outputs (flows/outputs.py) and early checks (tasks/preflight.py, tasks/audio.py): refused
+"""Confined outputs (flows/outputs.py) and early checks (tasks/render/preflight.py, tasks/media/audio.py): refused
 before any work, with one line naming the path, key or file."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import soundfile as sf
 
 from flows.outputs import ROOTS_ENV, check_overwrite, confine_output, output_stamp, output_tag
-from tasks.assemble import AudioSource, assemble
-from tasks.audio import decode_audio
 from tasks.config import load_config
 from tasks.errors import ConfigError, MediaError, OutputError
-from tasks.intermediates import IntermediateError, record_written
-from tasks.preflight import check_config, check_frame_size, check_free_space, workspace_need
-from tasks.probe import probe
+from tasks.media.assemble import AudioSource, assemble
+from tasks.media.audio import decode_audio
+from tasks.media.intermediates import IntermediateError, record_written
+from tasks.media.probe import probe
+from tasks.render.preflight import check_config, check_frame_size, check_free_space, workspace_need
 from tests.media import make_clip, run_ffmpeg
 
 
@@ -72,7 +72,7 @@ def test_only_files_dubflow_wrote_are_replaced(roots: Path):
 
 
 def test_the_encode_stamps_its_output_verifies_its_shots_and_follows_the_umask(tmp_path: Path):
-    from tasks.frames import LosslessWriter, iter_frames
+    from tasks.media.frames import LosslessWriter, iter_frames
 
     info = probe(make_clip(tmp_path / "src.mp4", (6,), audio_channels=None))
     shot = tmp_path / "shot.mkv"

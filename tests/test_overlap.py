@@ -1,4 +1,4 @@
-"""The overlapped per-shot chunk loop (tasks/overlap.py) through the real renderer, ffmpeg and the tiny model;
+"""The overlapped per-shot chunk loop (tasks/render/overlap.py) through the real renderer, ffmpeg and the tiny model;
 the device resolution of `infinitetalk.device`; the quality / fast presets."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from model.offload import indexed_device
-from tasks.backend import PassthroughBackend
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ensure_tiny_root
 from tasks.infinitetalk.options import device_for, resolve_options
-from tasks.overlap import run_chunks
-from tasks.render import render_shot_result
+from tasks.render.backend import PassthroughBackend
+from tasks.render.overlap import run_chunks
+from tasks.render.shot import render_shot_result
 from tests.media import decode_all, make_clip
 from tests.test_infinitetalk import SHORT_CHUNKS, _job
 from tests.test_local_flow import _job as shot_job

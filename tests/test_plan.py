@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from tasks.config import PlanConfig, load_config
-from tasks.plan import (
+from tasks.timeline.plan import (
     ShotPlan,
     chunk_windows,
     model_frame_of,
@@ -17,7 +17,7 @@ from tasks.plan import (
     round_up_4n1,
     source_frame_at,
 )
-from tasks.shots import Shot
+from tasks.timeline.shots import Shot
 
 CFG = PlanConfig(model_fps=25, frame_num=81, motion_frames=9)
 

@@ -14,9 +14,10 @@ import yaml
 
 from flows.cli import main
 from tasks.config import load_config
+from tasks.decision.plan_file import plan_document, plan_overrides, read_plan, to_config_overrides, write_plan
 from tasks.errors import ConfigError
-from tasks.plan_file import plan_document, plan_overrides, read_plan, to_config_overrides, write_plan
-from tasks.probe import probe
+from tasks.media.probe import probe
+from tasks.render.backend import check_backend_options
 from tests.media import make_audio, make_clip
 
 SPANS = [{"index": i, "start_frame": 24 * i, "end_frame": 24 * (i + 1)} for i in range(3)]
@@ -42,7 +43,7 @@ def _plan(tmp_path: Path, **override) -> Path:
 def test_bad_overrides_are_one_line_errors_naming_the_file_and_shot(tmp_path: Path, override, message):
     path = _plan(tmp_path, **override)
     with pytest.raises(ConfigError) as err:
-        plan_overrides(path, load_config().to_dict(), SPANS)
+        plan_overrides(path, load_config().to_dict(), SPANS, check_options=check_backend_options)
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -51,11 +52,11 @@ def test_plans_that_do_not_fit_the_film(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"shot 7: no such shot \(the film has shots 0-2\)"):
         bad = _plan(tmp_path)
         bad.write_text(bad.read_text().replace("index: 1", "index: 7"))
-        plan_overrides(bad, cfg, SPANS)
+        plan_overrides(bad, cfg, SPANS, check_options=check_backend_options)
     with pytest.raises(ConfigError, match="shot 1: frames 24-40 in the plan, 24-48 in the film"):
         bad = _plan(tmp_path)
         bad.write_text(bad.read_text().replace("end_frame: 48", "end_frame: 40"))
-        plan_overrides(bad, cfg, SPANS)
+        plan_overrides(bad, cfg, SPANS, check_options=check_backend_options)
     (tmp_path / "x.yaml").write_text("shots: [")
     with pytest.raises(ConfigError, match="invalid YAML"):
         read_plan(tmp_path / "x.yaml")
@@ -73,7 +74,7 @@ def test_overrides_map_onto_config_keys(tmp_path: Path):
     }
     # backend.options win over the infinitetalk section, so the plan's value goes there too
     cfg = load_config(overrides=["backend.options.steps=30"]).to_dict()
-    got = plan_overrides(_plan(tmp_path, steps=6), cfg, SPANS)
+    got = plan_overrides(_plan(tmp_path, steps=6), cfg, SPANS, check_options=check_backend_options)
     assert got[1]["backend"]["options"]["steps"] == 6 and got[1]["infinitetalk"]["steps"] == 6
 
 

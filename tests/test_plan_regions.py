@@ -9,12 +9,13 @@ import pytest
 
 from flows.cli import main
 from tasks.config import load_config
+from tasks.decision.plan_file import plan_overrides, to_config_overrides
+from tasks.decision.shot_decision import decide_shot, decision_regions
 from tasks.errors import ConfigError
-from tasks.plan_file import plan_overrides, to_config_overrides
-from tasks.probe import probe
-from tasks.region import nearest_bucket
-from tasks.shot_decision import decide_shot, decision_regions
-from tasks.shot_key import shot_config, shot_settings
+from tasks.media.probe import probe
+from tasks.picture.region import nearest_bucket
+from tasks.render.backend import check_backend_options
+from tasks.timeline.shot_key import shot_config, shot_settings
 from tests.speaker_cases import SR, cases, encode, side_of
 from tests.test_plan_file import SPANS, _plan, _renders, planned_clip
 
@@ -92,7 +93,9 @@ def test_crop_override_dubs_that_box(two_up, tmp_path):
 def test_bad_speaker_and_crop_values_name_the_plan_and_shot(tmp_path: Path, override, message):
     path = _plan(tmp_path, **override)
     with pytest.raises(ConfigError) as err:
-        plan_overrides(path, load_config().to_dict(), SPANS, frame_hw=(72, 128))
+        plan_overrides(
+            path, load_config().to_dict(), SPANS, frame_hw=(72, 128), check_options=check_backend_options
+        )
     text = str(err.value)
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text, text
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import MediaNotFound, NotAMediaFile, NoVideoStream, TruncatedMedia
-from tasks.probe import (
+from tasks.media.probe import (
     VideoInfo,
     frame_rate_from_pts,
     max_keyframe_interval,

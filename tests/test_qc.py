@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.qc import (
+from tasks.render.qc import (
     QcConfig,
     contact_sheet,
     sheet_indices,
@@ -117,12 +117,12 @@ def test_contact_sheet_labels_frames():
 
 
 def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
-    from tasks.face_analysis import ShotFaces, TrackInfo
-    from tasks.gate import decide_dub
-    from tasks.qc_overlay import speaker_overlay
-    from tasks.region import RegionConfig
-    from tasks.speaker import SpeakerSegment
-    from tasks.speech import SpeechInfo
+    from tasks.decision.gate import decide_dub
+    from tasks.perception.face_analysis import ShotFaces, TrackInfo
+    from tasks.perception.speaker import SpeakerSegment
+    from tasks.perception.speech import SpeechInfo
+    from tasks.picture.region import RegionConfig
+    from tasks.render.qc_overlay import speaker_overlay
 
     n, h, w = 12, 180, 320
     frames = np.full((n, h, w, 3), 40, np.uint8)

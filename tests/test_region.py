@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from tasks.region import (
+from tasks.picture.region import (
     RegionConfig,
     RegionPlan,
     combine_regions,
@@ -118,7 +118,7 @@ def test_box_is_shifted_inside_the_frame_not_shrunk():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Planning from the speaker's track (tasks.face_analysis finds the faces; here the track is given)
+# Planning from the speaker's track (tasks.perception.face_analysis finds the faces; here the track is given)
 
 
 def test_static_face_gives_a_static_head_and_shoulders_box():

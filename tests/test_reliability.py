@@ -17,7 +17,7 @@ import soundfile as sf
 
 from flows.outputs import ROOTS_ENV
 from tasks.errors import ConfigError, MediaError, OutputError
-from tasks.probe import probe
+from tasks.media.probe import probe
 from tests.media import decode_all, make_audio, make_clip
 
 
@@ -144,7 +144,7 @@ def test_two_runs_at_once_render_every_shot_once(tmp_path: Path):
     def run(out: Path) -> None:
         try:
             _dub(src, dub, out, config)
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(o,)) for o in outs]

@@ -26,7 +26,7 @@ def parts():
     """The real tiny DiT, VAE and colour correction from the parity fixtures."""
     from model.dit_loader import load_dit
     from model.vae import load_vae
-    from tasks.color import match_and_blend
+    from tasks.picture.color import match_and_blend
 
     weights = PARITY / "dit" / "weights"
     model = load_dit(weights, weights / "infinitetalk.safetensors", dtype=torch.float32).eval()
@@ -326,7 +326,7 @@ def test_denoise_strength_starts_at_its_timestep(parts) -> None:
 def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) -> None:
     from model.dit_loader import load_dit
     from model.vae import load_vae
-    from tasks.color import match_and_blend
+    from tasks.picture.color import match_and_blend
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)

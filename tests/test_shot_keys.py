@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import tasks.shot_key as shot_key
-from tasks.audio import DialogueTrack
+import tasks.timeline.shot_key as shot_key
 from tasks.config import load_config
-from tasks.probe import probe
-from tasks.shot_key import conditioning_span, shot_config, shot_settings
+from tasks.media.audio import DialogueTrack
+from tasks.media.probe import probe
+from tasks.timeline.shot_key import conditioning_span, shot_config, shot_settings
 from tests.media import decode_all, make_audio, make_clip
 from tests.test_infinitetalk import _job, resident, ws_root  # noqa: F401 (fixtures)
 
@@ -186,11 +186,11 @@ def _thumbnail(frames: np.ndarray) -> np.ndarray:
 def test_pinned_tiny_model_pixels_of_this_render_version(tmp_path: Path, ws_root: Path, resident):  # noqa: F811
     """The tiny model's first five frames of the sample film's shot 0, per RENDER_VERSION.
 
-    Fails when a change alters pixels without bumping `tasks.shot_key.RENDER_VERSION` (old results would
+    Fails when a change alters pixels without bumping `tasks.timeline.shot_key.RENDER_VERSION` (old results would
     be reused as if nothing changed). After bumping it, pin the new pixels with
     `DUBFLOW_PIN_RENDER=1 pytest tests/test_shot_keys.py -k pinned` and commit the new file.
     """
-    from tasks.render import render_shot_result
+    from tasks.render.shot import render_shot_result
 
     job = _job(tmp_path, ws_root, 0, (0, 5), ["gate.overrides={0: dub}", "qc.enabled=false"])
     result = render_shot_result(job)
@@ -205,5 +205,5 @@ def test_pinned_tiny_model_pixels_of_this_render_version(tmp_path: Path, ws_root
     diff = float(np.abs(want - thumb).max())
     assert diff <= 0.75, (
         f"tiny-model pixels differ from those pinned for RENDER_VERSION {shot_key.RENDER_VERSION} "
-        f"(max block difference {diff:.2f}): bump tasks/shot_key.py RENDER_VERSION and pin the new pixels"
+        f"(max block difference {diff:.2f}): bump tasks/timeline/shot_key.py RENDER_VERSION and pin the new pixels"
     )

@@ -7,8 +7,8 @@ from fractions import Fraction
 from pathlib import Path
 
 from tasks.config import load_config
-from tasks.probe import probe
-from tasks.shots import ShotList, detect_shots, make_shot_list, merge_short, partition_from_cuts
+from tasks.media.probe import probe
+from tasks.timeline.shots import ShotList, detect_shots, make_shot_list, merge_short, partition_from_cuts
 from tests.media import make_clip
 
 DATA = Path(__file__).resolve().parents[1] / "data"

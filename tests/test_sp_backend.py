@@ -18,7 +18,7 @@ from model.shot_worker import ShotWorkerError
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, resolve_options
-from tasks.render import render_shot_result
+from tasks.render.shot import render_shot_result
 from tests.media import decode_all
 from tests.test_infinitetalk import SHORT_CHUNKS, _job, backend_log, resident, ws_root  # noqa: F401 (fixtures)
 

@@ -9,8 +9,8 @@ import pytest
 
 from flows.cli import main
 from tasks.config import load_config
-from tasks.probe import probe
-from tasks.shot_decision import decide_shot, decision_regions, faces_path
+from tasks.decision.shot_decision import decide_shot, decision_regions, faces_path
+from tasks.media.probe import probe
 from tests.speaker_cases import FPS, SR, cases, encode, faceless, seed_audio, side_of, turn_coverage
 
 CFG = load_config()

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 import tasks.infinitetalk.resident as it
-from tasks.audio import prepare_dialogue, slice_bounds
-from tasks.backend import ShotDecision
 from tasks.config import PlanConfig, load_config
-from tasks.gate import DubRegion
+from tasks.decision.gate import DubRegion
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import decide_shot, decision_regions, switch_frames
 from tasks.infinitetalk import ResidentModels, check_plan_agreement, ensure_tiny_root
-from tasks.intermediates import write_marker
-from tasks.plan import plan_shot, split_at
-from tasks.probe import probe
-from tasks.region import switch_weights
-from tasks.render import ShotJob, render_shot_result
-from tasks.shot_decision import decide_shot, decision_regions, switch_frames
-from tasks.shots import Shot
+from tasks.media.audio import prepare_dialogue, slice_bounds
+from tasks.media.intermediates import write_marker
+from tasks.media.probe import probe
+from tasks.picture.region import switch_weights
+from tasks.render.shot import ShotJob, render_shot_result
+from tasks.timeline.plan import plan_shot, split_at
+from tasks.timeline.shots import Shot
 from tests.media import decode_all
 from tests.speaker_cases import FPS, SR, cases, encode, side_of
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.audio import decode_audio
 from tasks.config import load_config
-from tasks.speech import SpeechInfo, detect_speech
-from tasks.vad import StreamingVad, at_frames, speech_probs
+from tasks.media.audio import decode_audio
+from tasks.perception.speech import SpeechInfo, detect_speech
+from tasks.perception.vad import StreamingVad, at_frames, speech_probs
 
 SR = 16000
 DATA = Path(__file__).parent / "data"
@@ -127,6 +127,6 @@ def test_info_round_trips_through_json(speech):
 
 
 def test_vad_never_imports_torch(speech):
-    code = "import sys; from tasks.vad import speech_probs; import numpy as np; speech_probs(np.zeros(8000, np.float32)); print('torch' in sys.modules)"
+    code = "import sys; from tasks.perception.vad import speech_probs; import numpy as np; speech_probs(np.zeros(8000, np.float32)); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

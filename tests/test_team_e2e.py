@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.jsonfiles import WorkspaceError
-from flows.workspace import Workspace, read_attempts, read_json
-from tasks.probe import probe
+from flows.workspace import Workspace, read_attempts
+from tasks.files import WorkspaceError, read_json
+from tasks.media.probe import probe
 from tests.media import decode_all, make_audio, make_clip
 from tests.stack import PROJECT_DIR, DeploymentRun, Stack, free_port, running_stack
 

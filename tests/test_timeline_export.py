@@ -13,9 +13,9 @@ import numpy as np
 import opentimelineio as otio
 
 from flows.outputs import output_stamp, output_tag
-from tasks.ffmpeg import ffmpeg_exe
-from tasks.qc import QcConfig, write_qc
-from tasks.render import PREVIEW_LABEL
+from tasks.media.ffmpeg import ffmpeg_exe
+from tasks.render.qc import QcConfig, write_qc
+from tasks.render.shot import PREVIEW_LABEL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -8,10 +8,10 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.audio import sample_at_frame, slice_bounds
 from tasks.config import PlanConfig
-from tasks.plan import model_frame_of, plan_shot
-from tasks.shots import make_shot_list, merge_short, partition_from_cuts
+from tasks.media.audio import sample_at_frame, slice_bounds
+from tasks.timeline.plan import model_frame_of, plan_shot
+from tasks.timeline.shots import make_shot_list, merge_short, partition_from_cuts
 
 RATES = [
     Fraction(24000, 1001),
@@ -69,7 +69,7 @@ def test_audio_slices_sum_to_the_track(film, fps, sr, jitter):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(min_value=0, max_value=5000), st.integers(min_value=1, max_value=1500), rates, plan_cfgs)
 def test_chunk_plan_covers_every_frame_once(start, n, fps, cfg):
-    from tasks.shots import Shot
+    from tasks.timeline.shots import Shot
 
     plan = plan_shot(Shot(0, start, start + n), fps, cfg)
     chunks = plan.chunks

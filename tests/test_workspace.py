@@ -17,10 +17,6 @@ import pytest
 from flows.workspace import (
     MIB,
     Workspace,
-    WorkspaceError,
-    atomic_path,
-    atomic_write_bytes,
-    atomic_write_json,
     config_hash,
     film_fingerprint,
     mark_shot_done,
@@ -31,6 +27,7 @@ from flows.workspace import (
     shot_done,
     verify_shot_done,
 )
+from tasks.files import WorkspaceError, atomic_path, atomic_write_bytes, atomic_write_json
 from tests.media import sha256
 
 CONFIG = {
@@ -247,7 +244,7 @@ def test_atomic_json_readers_never_see_a_torn_file(tmp_path: Path):
         while not stop.is_set():
             try:
                 assert len(json.loads(path.read_text())["pad"]) == 50_000
-            except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+            except Exception as exc:  # collected for the assertion below
                 errors.append(exc)
 
     thread = threading.Thread(target=reader)

@@ -1,11 +1,11 @@
 """The InfiniteTalk backend: decide which shots to dub, then dub a face crop of each chunk by chunk.
 
 This `__init__` only exposes the package's public names; it holds no code. Per shot
-(`tasks.render.render_shot_result` drives it through the `GatingBackend` protocol):
+(`tasks.render.shot.render_shot_result` drives it through the `GatingBackend` protocol):
 
-1. `prepare_shot` — the gate (`tasks.shot_decision.decide_shot`): speech in the dub track's slice, then
+1. `prepare_shot` — the gate (`tasks.decision.shot_decision.decide_shot`): speech in the dub track's slice, then
    who on screen speaks (the face analysis the film run's planning cached in the run workspace; computed
-   here only when that file is missing), then `tasks.gate.decide_dub` (policy `auto|all|none`, per-shot
+   here only when that file is missing), then `tasks.decision.gate.decide_dub` (policy `auto|all|none`, per-shot
    overrides, regions per speaker turn). A shot that is not dubbed is copied through by the renderer; the
    model is never touched for it.
 2. `open_shot` — models and per-film inputs (`backend`). Components come from `resident.RESIDENT`

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.backend import ShotContext, ShotDecision
 from tasks.config import PipelineConfig, load_config
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.errors import ConfigError, MediaError
-from tasks.frames import ModelGeometry
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, weights_identity
 from tasks.infinitetalk.multi import resolve_two_speakers
@@ -29,8 +29,9 @@ from tasks.infinitetalk.session import InfiniteTalkSession
 from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline, check_plan_agreement
 from tasks.infinitetalk.timing import Stopwatch
 from tasks.infinitetalk.tiny import TINY_BANNER, TinyLog
-from tasks.plan import ShotPlan
-from tasks.shot_decision import decide_shot, faces_path
+from tasks.picture.geometry import ModelGeometry
+from tasks.render.backend import ShotContext
+from tasks.timeline.plan import ShotPlan
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +52,11 @@ class InfiniteTalkBackend:
         self.options = dict(options)
         self.config: PipelineConfig | None = None
         self._bind(config if config is not None else load_config())
+
+    @staticmethod
+    def check_options(config: PipelineConfig) -> None:
+        """The options check of a shot plan's effective config (no weights needed, nothing loaded)."""
+        resolve_options(config, config.backend.options, need_weights=False)
 
     def _bind(self, config: PipelineConfig) -> None:
         """Use `config` (a shot's own config, from its ShotContext, wins over the constructor's)."""
@@ -87,13 +93,13 @@ class InfiniteTalkBackend:
 
     def multi_available(self) -> bool:
         """Whether the weights root holds the multi checkpoint (of the configured quantization)."""
-        from model.weights import has_multi  # noqa: PLC0415
+        from model.weights import has_multi
 
         return has_multi(self.weights_root(), self.opts.quant)
 
     def shot_worker_config(self, multi: bool = False) -> Any:
         """Start the process's ShotWorker (`gpus_per_shot` ranks) unless it runs; its DiT config."""
-        import torch  # noqa: PLC0415
+        import torch
 
         n, device = self.opts.gpus_per_shot, resolve_device(self.opts.device)
         if device != "cpu" and torch.cuda.device_count() < n:
@@ -108,7 +114,7 @@ class InfiniteTalkBackend:
     # --- per-film caches
 
     def _model_tag(self, component: str) -> str:
-        from model.weights import layout_for  # noqa: PLC0415
+        from model.weights import layout_for
 
         layout = layout_for("infinitetalk-480" if self.tiny else self.opts.mode, self.opts.quant)
         root = self.weights_root()
@@ -124,7 +130,7 @@ class InfiniteTalkBackend:
 
     def prompt_embeddings(self, film_dir: Path, watch: Stopwatch) -> dict[str, torch.Tensor]:
         """umT5 context / negative context of the configured prompts, cached per film."""
-        from safetensors.torch import load_file  # noqa: PLC0415
+        from safetensors.torch import load_file
 
         path = self.prompt_cache_path(film_dir)
 
@@ -148,9 +154,9 @@ class InfiniteTalkBackend:
         path = film_dir / f"audio_features-{key}.safetensors"
 
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-            import soundfile as sf  # noqa: PLC0415
+            import soundfile as sf
 
-            from model.wav2vec import frame_count, loudness_normalize  # noqa: PLC0415
+            from model.wav2vec import frame_count, loudness_normalize
 
             self.log.info("wav2vec2 features of %s (once per film) -> %s", dialogue_path, path)
             wave, sr = sf.read(str(dialogue_path), dtype="float32", always_2d=True)
@@ -208,7 +214,9 @@ class InfiniteTalkBackend:
         context: ShotContext | None = None,
     ) -> InfiniteTalkSession:
         if context is None:
-            raise ValueError("InfiniteTalkBackend.open_shot needs the ShotContext (tasks.render passes it)")
+            raise ValueError(
+                "InfiniteTalkBackend.open_shot needs the ShotContext (tasks.render.shot passes it)"
+            )
         self._bind(context.config)
         check_plan_agreement(plan)
         if decision is None:

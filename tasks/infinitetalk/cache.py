@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.frames import atomic_temp
-from tasks.infinitetalk.tiny import TINY_BANNER, TINY_WEIGHTS_SEED
+from model.weights import TINY_WEIGHTS_SEED
+from tasks.files import atomic_temp
+from tasks.infinitetalk.tiny import TINY_BANNER
 
 if TYPE_CHECKING:
     import torch
@@ -41,19 +42,19 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
     """A tiny random weights root (official layout), written once under `cache_dir` and reused."""
-    from model.weights import WeightsLayout  # noqa: PLC0415
+    from model.weights import WeightsLayout
 
     root = cache_dir / f"tiny-weights-seed{seed}"
     if (root / ".complete").exists() and (root / WeightsLayout().multi).is_file():
         return root
     with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
         if (root / ".complete").exists():
-            from model.tiny import add_tiny_multi  # noqa: PLC0415
+            from model.tiny import add_tiny_multi
 
             if add_tiny_multi(root, seed):  # a root from before the multi checkpoint joined the layout
                 log.warning("[%s] added the tiny multi checkpoint to %s", TINY_BANNER, root)
             return root
-        from model.tiny import write_tiny_root  # noqa: PLC0415
+        from model.tiny import write_tiny_root
 
         tmp = cache_dir / f".tiny-weights-seed{seed}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -67,7 +68,7 @@ def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
 
 def audio_digest(path: Path, block: int = 1 << 20) -> str:
     """sha256 of an audio file's samples and rate (not its bytes: WAV headers carry timestamps)."""
-    import soundfile as sf  # noqa: PLC0415
+    import soundfile as sf
 
     h = hashlib.sha256()
     with sf.SoundFile(str(path)) as f:
@@ -91,7 +92,7 @@ def weights_identity(path: Path) -> str:
 
 def cached_tensors(path: Path, compute: Callable[[], tuple[dict[str, torch.Tensor], dict[str, str]]]) -> Path:
     """`path` (safetensors), computed by `compute() -> (tensors, metadata)` under a lock if absent."""
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file
 
     if path.exists():
         return path

@@ -63,10 +63,10 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
     of the ShotWorker with more. Noise comes from a CPU generator seeded for chunk 0 and restored from the
     state afterwards, so the result does not depend on where or in which process a chunk runs.
     """
-    import torch  # noqa: PLC0415
+    import torch
 
-    from model.conditioning import Conditioning  # noqa: PLC0415
-    from model.stream import stream_generate  # noqa: PLC0415
+    from model.conditioning import Conditioning
+    from model.stream import stream_generate
 
     source = job.source
     cond = Conditioning(
@@ -83,7 +83,7 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
         generator.manual_seed(job.settings.seed)
     teacache = None
     if job.teacache is not None:
-        from model.teacache import TeaCache, TeaCacheConfig  # noqa: PLC0415
+        from model.teacache import TeaCache, TeaCacheConfig
 
         steps = job.settings.sampling_steps - job.settings.start_step
         teacache = TeaCache(TeaCacheConfig(threshold=job.teacache, preset=job.teacache_preset), steps)
@@ -109,9 +109,9 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
 def rank_setup(root: str, spec: LoadSpec, tiling: VaeTiling, sp: Any) -> dict[str, Any]:
     """ShotWorker setup of one rank: the DiT (sequence-parallel) everywhere, VAE (tiled per `tiling`) and
     CLIP on rank 0 only."""
-    from model.loading import load_models  # noqa: PLC0415
-    from model.parallel import RankZeroCodec  # noqa: PLC0415
-    from tasks.color import match_and_blend  # noqa: PLC0415
+    from model.loading import load_models
+    from model.parallel import RankZeroCodec
+    from tasks.picture.color import match_and_blend
 
     components = ("dit", "vae", "clip") if sp.is_writer() else ("dit",)
     models = load_models(root, dataclasses.replace(spec, device=str(sp.device), components=components))

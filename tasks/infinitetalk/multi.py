@@ -1,4 +1,4 @@
-"""Two speakers at once: a shot with a two-speaker segment (`tasks.gate.DubRegion` of status "two" with two
+"""Two speakers at once: a shot with a two-speaker segment (`tasks.decision.gate.DubRegion` of status "two" with two
 `people`) is generated with the multi (two-person) InfiniteTalk checkpoint, one audio stream per person
 (each person's dub stem, its wav2vec2 features cached per film like the dialogue's) and person masks
 from the people's boxes mapped into the shot's model crop (`model.conditioning.speaker_masks`); the DiT's
@@ -14,7 +14,7 @@ LoadSpec's `multi` flag picks the DiT file and is not part of its key): a two-sp
 DiT on demand in place of the single one (VAE, CLIP and the encoders stay), the next one-speaker shot
 loads the single one back. One model load per switch, which the estimate and the group sizing price.
 
-This file holds those rules only: no chunk loop (`session`, `chunk`), no gate (`tasks.gate` and c18's
+This file holds those rules only: no chunk loop (`session`, `chunk`), no gate (`tasks.decision.gate` and c18's
 characters decide when a segment has two speakers), no model code.
 """
 
@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend import ShotContext, ShotDecision
 from tasks.config import PipelineConfig
+from tasks.decision.gate import DubRegion
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import decision_regions, region_config
 from tasks.errors import MediaError
-from tasks.gate import DubRegion
-from tasks.region import Box, RegionPlan, plan_from_track
-from tasks.shot_decision import decision_regions, region_config
+from tasks.picture.region import Box, RegionPlan, plan_from_track
+from tasks.render.backend import ShotContext
 
 if TYPE_CHECKING:
     import torch
@@ -146,7 +147,7 @@ class TwoSpeakers:
     ) -> torch.Tensor:
         """(3, h, w) person 1, person 2, background masks at latent resolution (`speaker_masks`, the official
         cover-resize + centre crop from that frame to the model size). A person outside the crop is an error."""
-        from model.conditioning import speaker_masks  # noqa: PLC0415
+        from model.conditioning import speaker_masks
 
         boxes, frame_hw = self.model_boxes(plan, display_hw)
         mh, mw = model_hw

@@ -142,7 +142,7 @@ def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
 def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     """(fp8 GEMMs, fp8 attention) on `device`: `auto` is on where supported (CUDA sm90+; fp8 attention
     also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if opts.mode == "tiny" or not device.startswith("cuda"):
         return False, False
@@ -150,7 +150,7 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     if opts.fp8_compute == "auto":  # only `auto` asks the device
         gemm = torch.cuda.get_device_capability(device) >= (9, 0)
     if opts.fp8_attention == "auto":
-        from model.cudnn_attention import fp8_supported  # noqa: PLC0415
+        from model.cudnn_attention import fp8_supported
 
         return gemm, fp8_supported(torch.device(device))
     return gemm, bool(opts.fp8_attention)
@@ -159,7 +159,7 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
 def resolve_device(name: str) -> str:
     """The run device of `infinitetalk.device`, always indexed on CUDA (`device_for`): the visible CUDA
     devices are counted without creating a CUDA context, the local rank comes from `LOCAL_RANK`."""
-    import torch  # noqa: PLC0415
+    import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return device_for(name, cuda_count=count, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
@@ -191,10 +191,10 @@ def offload_decision(
     (`limit_bytes`; default: asked from CUDA) is below what a resident run of the mode needs at its
     largest bucket and `frame_num`-frame chunks with its compile / fp8 / batched-guidance settings
     (`model.offload.resident_need`); never on a CPU."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from model.config import DIT_PRESETS  # noqa: PLC0415
-    from model.offload import (  # noqa: PLC0415
+    from model.config import DIT_PRESETS
+    from model.offload import (
         OTHER_MODELS_BYTES,
         T5_BYTES,
         decide_offload,
@@ -203,7 +203,7 @@ def offload_decision(
         resident_need,
         working_bytes_per_token,
     )
-    from tasks.frames import BUCKET_TABLES  # noqa: PLC0415
+    from tasks.picture.geometry import BUCKET_TABLES
 
     device_type = torch.device(device).type
     if opts.offload != "auto" or device_type != "cuda":
@@ -228,9 +228,9 @@ def offload_decision(
 def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> LoadSpec:
     """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32), with the offload
     decision of `offload_decision` (its reason rides along and is logged by the loader)."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from model.loading import LoadSpec  # noqa: PLC0415
+    from model.loading import LoadSpec
 
     layout = "infinitetalk-480" if opts.mode == "tiny" else opts.mode
     loras = tuple((str(lora["path"]), float(lora.get("scale", 1.0))) for lora in opts.loras)
@@ -265,8 +265,8 @@ class VaeTiling:
     ) -> TileSpec | None:
         """Tiling of one (height x width)-pixel encode/decode; None = untiled. auto: tiles only on CUDA
         when `free_bytes` is short of an untiled pass (`model.offload.vae_tiling_for`)."""
-        from model.offload import vae_tiling_for  # noqa: PLC0415
-        from model.tiling import TileSpec  # noqa: PLC0415
+        from model.offload import vae_tiling_for
+        from model.tiling import TileSpec
 
         if self.mode is True:
             return TileSpec(tile=self.tile_px, stride=self.tile_px - self.tile_px // 4)
@@ -280,7 +280,7 @@ class TiledVAE:
     from the free device memory at that moment; logs whenever the choice changes."""
 
     def __init__(self, vae: Any, tiling: VaeTiling, logger: logging.Logger | logging.LoggerAdapter):
-        from model.vae import ZeroTailMemo  # noqa: PLC0415
+        from model.vae import ZeroTailMemo
 
         self.vae, self.tiling, self.log = vae, tiling, logger
         self.last: TileSpec | None = None
@@ -290,7 +290,7 @@ class TiledVAE:
         device = self.vae.device
         free = None
         if self.tiling.mode == "auto" and device.type == "cuda":
-            from model.offload import free_device_memory  # noqa: PLC0415
+            from model.offload import free_device_memory
 
             free = free_device_memory(device)
         spec = self.tiling.spec_for(
@@ -315,7 +315,7 @@ class TiledVAE:
         """`model.vae.WanVAE.encode_reference` (B, 3, 1, H, W) -> the latent of [reference, zeros...]."""
         tiling = self._spec("encode", *reference.shape[-2:])
         if not hasattr(self.vae, "encode_reference"):  # another codec (a test's): the plain encode
-            import torch  # noqa: PLC0415
+            import torch
 
             b, c, _, h, w = reference.shape
             pixels = torch.cat([reference, reference.new_zeros(b, c, length - 1, h, w)], dim=2)

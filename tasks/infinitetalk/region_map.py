@@ -2,7 +2,7 @@
 (rotation, non-square pixels), the shot's region crop or the official full-frame resize + centre crop at
 the model's size, the feathered paste back, and the uint8 <-> [-1, 1] tensor conversions.
 
-Pure pixel geometry on arrays; planning the region (face tracks) is `tasks.region`'s, decoding frames
+Pure pixel geometry on arrays; planning the region (face tracks) is `tasks.picture.region`'s, decoding frames
 the backend's.
 """
 
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tasks.frames import CropGeometry, ModelGeometry
-from tasks.region import Box, RegionPlan
+from tasks.picture.geometry import CropGeometry, ModelGeometry
+from tasks.picture.region import Box, RegionPlan
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,7 @@ class ShotRegion:
         """uint8 coded (H, W, 3) frame j -> uint8 model input (mh, mw, 3)."""
         if self.full:
             return self.full_geometry.to_model(frame)
-        from tasks.region import crop_to_bucket  # noqa: PLC0415
+        from tasks.picture.region import crop_to_bucket
 
         x0, y0, x1, y1 = self.coded_box(j)
         crop = np.ascontiguousarray(np.rot90(frame[y0:y1, x0:x1], self.geometry.rotation // 90))
@@ -111,7 +111,7 @@ class ShotRegion:
                 return out
             mixed = source.astype(np.float32) + w * (out.astype(np.float32) - source)
             return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
-        from tasks.region import composite  # noqa: PLC0415
+        from tasks.picture.region import composite
 
         patch = np.ascontiguousarray(np.rot90(generated, -(self.geometry.rotation // 90)))
         return composite(source, patch, self.coded_box(j), self.feather_px, w)
@@ -119,7 +119,7 @@ class ShotRegion:
 
 def to_tensor(frames: np.ndarray) -> torch.Tensor:
     """uint8 (T, H, W, 3) -> float32 (3, T, H, W) in [-1, 1]."""
-    import torch  # noqa: PLC0415
+    import torch
 
     return torch.from_numpy(np.array(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0  # a writable copy
 

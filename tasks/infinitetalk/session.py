@@ -1,4 +1,4 @@
-"""One shot being dubbed (`InfiniteTalkSession`, the `tasks.backend.ShotSession` of this backend): its
+"""One shot being dubbed (`InfiniteTalkSession`, the `tasks.render.backend.ShotSession` of this backend): its
 per-film inputs and models, the region mapping at the model's size, the sampler settings and chunk job,
 then chunk by chunk the crop, the generation (here or on the shot worker), the conform and paste back,
 and the sampler state for the renderer's per-chunk checkpoint.
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tasks.backend import ChunkInput, ShotContext, ShotDecision
 from tasks.config import InfiniteTalkConfig, PipelineConfig
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import decision_regions
 from tasks.errors import MediaError
-from tasks.frames import ModelGeometry, read_frames
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.multi import stem_feature_files, two_speakers
@@ -30,9 +30,11 @@ from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
 from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
 from tasks.infinitetalk.tiny import label_tiny, tiny_hw
 from tasks.infinitetalk.warmup import warm_up
-from tasks.plan import ShotPlan, source_frame_at
-from tasks.region import combine_regions
-from tasks.shot_decision import decision_regions
+from tasks.media.frames import read_frames
+from tasks.picture.geometry import ModelGeometry
+from tasks.picture.region import combine_regions
+from tasks.render.backend import ChunkInput, ShotContext
+from tasks.timeline.plan import ShotPlan, source_frame_at
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +67,7 @@ class SessionBackend(Protocol):
 def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPlan, *, tiny: bool) -> Any:
     """The shot's `model.sampler.SamplerSettings`: the mode's preset (or tiny's) with the options, the
     colour config and the shot plan's chunking applied."""
-    from model.sampler import sampler_preset  # noqa: PLC0415
+    from model.sampler import sampler_preset
 
     preset = "tiny" if tiny else opts.mode
     changes: dict[str, Any] = {
@@ -172,7 +174,7 @@ class InfiniteTalkSession:
 
     def _shot_features(self, features_path: Path, dcfg: Any) -> torch.Tensor:
         """The shot's slice (L, 12, 768) of the film's audio features; sets `feature_offset`."""
-        from safetensors import safe_open  # noqa: PLC0415
+        from safetensors import safe_open
 
         with safe_open(str(features_path), framework="pt") as f:
             timeline = FeatureTimeline.from_metadata(f.metadata())
@@ -208,9 +210,9 @@ class InfiniteTalkSession:
         host: str,
     ) -> ChunkJob:
         """The shot's chunk job; its per-chunk fields (reference, source, state) are filled by dub_chunk."""
-        import torch  # noqa: PLC0415
+        import torch
 
-        from model.conditioning import speaker_masks  # noqa: PLC0415
+        from model.conditioning import speaker_masks
 
         opts = self.backend.opts
         mh, mw = model_hw
@@ -231,7 +233,7 @@ class InfiniteTalkSession:
 
     def _resume(self, resume_state: Any | None) -> Any | None:
         """The `model.stream.StreamState` to continue from (a checkpoint of `state()`); None = chunk 0."""
-        from model.stream import StreamState  # noqa: PLC0415
+        from model.stream import StreamState
 
         if resume_state is None:
             return None
@@ -248,7 +250,7 @@ class InfiniteTalkSession:
             return self.clip.encode(reference)  # (1, 257, 1280)
 
     def _color(self, video: torch.Tensor, reference: torch.Tensor, strength: float) -> torch.Tensor:
-        from tasks.color import match_and_blend  # noqa: PLC0415
+        from tasks.picture.color import match_and_blend
 
         with self.watch("colour"):
             return match_and_blend(video, reference, strength)
@@ -276,9 +278,9 @@ class InfiniteTalkSession:
 
     def dub_chunk_deferred(self, inp: ChunkInput) -> Callable[[], np.ndarray]:
         """Generate the chunk now (the model work, in order); return the function that pastes its frames
-        into the source frames (CPU work, reads nothing that later chunks change: `tasks.overlap` runs it
+        into the source frames (CPU work, reads nothing that later chunks change: `tasks.render.overlap` runs it
         on the writer thread while the next chunk generates)."""
-        from model.stream import StreamState  # noqa: PLC0415
+        from model.stream import StreamState
 
         c = inp.chunk
         self._enter_part(c)

@@ -28,7 +28,7 @@ class Stopwatch:
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         if self.sync:
-            import torch  # noqa: PLC0415
+            import torch
 
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
@@ -36,7 +36,7 @@ class Stopwatch:
             yield
         finally:
             if self.sync:
-                import torch  # noqa: PLC0415
+                import torch
 
                 torch.cuda.synchronize(self.device)
             self.totals[name] += time.perf_counter() - t0

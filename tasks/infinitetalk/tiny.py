@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.region import Box
+from tasks.picture.region import Box
 
 TINY_BANNER = "tiny random weights: pipeline check, not a dubbing result"
 TINY_LABEL = "TINY RANDOM WEIGHTS - NOT A DUB"
 TINY_SCALE = 16  # tiny mode generates at 1/16 of the bucket (sides rounded to multiples of 16)
-TINY_WEIGHTS_SEED = 0
 
 
 def tiny_hw(bucket: tuple[int, int]) -> tuple[int, int]:
@@ -35,7 +34,7 @@ class TinyLog(logging.LoggerAdapter):
 
 def label_tiny(frame: np.ndarray, box: Box) -> np.ndarray:
     """Write TINY_LABEL inside `box` of a copy of `frame` (nothing outside the box changes)."""
-    import cv2  # noqa: PLC0415
+    import cv2
 
     x0, y0, x1, y1 = box
     out = frame.copy()

@@ -58,7 +58,7 @@ def warm_up(
 
     def run() -> float:
         if device.startswith("cuda"):  # cuDNN's autotuner for the VAE's convolutions: the warm-up's
-            import torch  # noqa: PLC0415 (synthetic chunks pay its trials; a process-wide torch flag)
+            import torch  # synthetic chunks pay its trials; a process-wide torch flag
 
             torch.backends.cudnn.benchmark = True
         t0 = time.perf_counter()
@@ -72,10 +72,10 @@ def warm_up(
 
 def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
     """Chunk 0 and a continuation chunk (motion frames encoded) of a zero shot; outputs dropped."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from model.conditioning import speaker_masks  # noqa: PLC0415
-    from tasks.color import match_and_blend  # noqa: PLC0415
+    from model.conditioning import speaker_masks
+    from tasks.picture.color import match_and_blend
 
     m = backend.models("dit", "vae", "clip")
     dit, vae, clip = m["dit"], m["vae"], m["clip"]

@@ -2,7 +2,7 @@
 
 Dispatches on manifest content, not case names:
 * a manifest whose outputs are named `strength_<s>` and whose inputs hold a video chunk and a
-  reference image -> `tasks.color.match_and_blend` at each strength (1e-5 absolute);
+  reference image -> `tasks.picture.color.match_and_blend` at each strength (1e-5 absolute);
 * a manifest with `cases` carrying `source_hw` -> bucket choice, resize/crop sizes, sha256 and
   channel means of full outputs, and every stored tensor (subsamples, small full outputs, the
   nearest-resize tensor path) exactly.
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.color import match_and_blend
-from tasks.frames import (
+from tasks.picture.color import match_and_blend
+from tasks.picture.geometry import (
     BUCKET_TABLES,
     CropGeometry,
     choose_bucket,

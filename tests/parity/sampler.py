@@ -19,7 +19,7 @@ from model.guidance import APGState, adaptive_projected_guidance, apg_combine, c
 from model.sampler import SamplerSettings, add_noise, euler_update, timestep_schedule
 from model.stream import stream_generate
 from model.vae import load_vae
-from tasks.color import match_and_blend
+from tasks.picture.color import match_and_blend
 from tests.parity.common import assert_close, load_tensors, rel_err
 
 TOL_COMBINE = 1e-5

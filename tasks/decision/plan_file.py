@@ -1,0 +1,245 @@
+"""The editable shot plan (`dubflow plan FILM --audio DUB --out plan.yaml`): per shot its timecodes, the
+automatic dub decision and why, the regions the gate chose (one per speaker turn: frames, box in display
+pixels, speaker track, score; `tasks.decision.shot_decision.regions_json`, as in `dubflow estimate --json`) and the
+seed, plus blank override fields an editor fills in; `dubflow dub ... --plan plan.yaml` applies them as each shot's own config overrides.
+
+Override fields (null / `auto` = the automatic choice): `dub` (auto | yes | no), `speaker` (a face track
+id: that track's region is dubbed over the whole shot) and `crop` (a box in display pixels: that box is
+dubbed), both replacing the automatic region and dubbing the shot, `prompt`, `seed` (the shot's own sampler
+seed), `denoise_strength`, `steps`, `color_strength`. Each maps onto config keys (`to_config_overrides`), so
+a shot's result key sees them like any other setting and only the shots whose effective inputs changed
+re-render.
+
+Text and records only: writing and reading the YAML and validating it against the film's shots; the
+automatic decisions come from the caller (`flows.estimate.estimate_film`), nothing here decodes media.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.config import PipelineConfig
+from tasks.decision.gate import region_overrides
+from tasks.errors import ConfigError
+from tasks.timeline.shot_key import shot_config
+
+FORMAT = "dubflow-shot-plan/1"
+OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file's legend)
+    "dub": "auto | yes | no",
+    "speaker": "dub this face track (a speaker id of auto.regions) over the whole shot",
+    "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes: dub this box",
+    "prompt": "text prompt for this shot",
+    "seed": "this shot's sampler seed (automatic: infinitetalk.seed + shot index)",
+    "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
+    "steps": "sampling steps",
+    "color_strength": "colour matching strength, 0 = off",
+}
+SHOT_KEYS = ("index", "start", "end", "start_frame", "end_frame", "auto", "override")
+_TYPES: Mapping[str, tuple[type, ...]] = {
+    "speaker": (int,),
+    "crop": (list,),
+    "prompt": (str,),
+    "seed": (int,),
+    "denoise_strength": (int, float),
+    "steps": (int,),
+    "color_strength": (int, float),
+}
+
+
+def timecode(frame: int, fps: Fraction) -> str:
+    """HH:MM:SS.mmm of a frame's start time."""
+    ms = round(float(frame / fps) * 1000)
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
+def plan_document(
+    film: str, audio: str, fps: Fraction, frame_count: int, shots: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The plan as a YAML-ready mapping. `shots`: index, start_frame, end_frame, dub, reason, regions (the
+    estimate's: start_frame, end_frame, box, speaker, score, status), seed."""
+    entries = []
+    for s in shots:
+        entries.append(
+            {
+                "index": s["index"],
+                "start": timecode(s["start_frame"], fps),
+                "end": timecode(s["end_frame"], fps),
+                "start_frame": s["start_frame"],
+                "end_frame": s["end_frame"],
+                "auto": {
+                    "dub": bool(s["dub"]),
+                    "reason": s["reason"],
+                    "regions": [_region(r) for r in s.get("regions") or ()],
+                    "seed": s["seed"],
+                },
+                "override": {name: ("auto" if name == "dub" else None) for name in OVERRIDES},
+            }
+        )
+    return {
+        "format": FORMAT,
+        "film": str(Path(film).resolve()),
+        "audio": str(Path(audio).resolve()),
+        "fps": str(fps),
+        "frame_count": frame_count,
+        "shots": entries,
+    }
+
+
+def _region(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One dubbed region as plain YAML values (the box a list, the score a float)."""
+    return {**r, "box": [int(v) for v in r["box"]], "score": float(r["score"])}
+
+
+def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
+    """Write the plan YAML with a legend of the override fields on top."""
+    legend = "\n".join(f"#   {name}: {meaning}" for name, meaning in OVERRIDES.items())
+    head = (
+        "# dubflow shot plan: edit the `override:` fields of any shot (null / auto = the automatic choice),\n"
+        "# then: dubflow dub FILM --audio DUB --out OUT --plan THIS_FILE (only changed shots re-render).\n"
+        f"# `auto:` is what dubflow chose on its own (read only).\n{legend}\n"
+    )
+    path = Path(path)
+    body = yaml.safe_dump(dict(document), sort_keys=False, allow_unicode=True, width=110)
+    path.write_text(head + body)
+    return path
+
+
+def read_plan(path: str | Path) -> dict[int, dict[str, Any]]:
+    """{shot index: (start_frame, end_frame) and the overrides set}; a bad file is a one-line ConfigError."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as ex:
+        raise ConfigError(path, f"cannot read the shot plan ({ex.strerror or ex})") from ex
+    except yaml.YAMLError as ex:
+        raise ConfigError(path, f"invalid YAML: {' '.join(str(ex).split())}") from ex
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shots"), list):
+        raise ConfigError(path, f"not a dubflow shot plan (expected format: {FORMAT} and a shots: list)")
+    out: dict[int, dict[str, Any]] = {}
+    for n, entry in enumerate(data["shots"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
+            raise ConfigError(path, f"shots[{n}]: expected a mapping with an integer index")
+        index = entry["index"]
+        where = f"shot {index}"
+        unknown = sorted(set(entry) - set(SHOT_KEYS))
+        if unknown:
+            raise ConfigError(path, f"{where}: unknown field {unknown[0]!r} (known: {', '.join(SHOT_KEYS)})")
+        if index in out:
+            raise ConfigError(path, f"{where}: listed twice")
+        override = entry.get("override") or {}
+        if not isinstance(override, dict):
+            raise ConfigError(path, f"{where}: override must be a mapping, got {override!r}")
+        out[index] = {
+            "start_frame": entry.get("start_frame"),
+            "end_frame": entry.get("end_frame"),
+            "overrides": _check_overrides(path, where, override),
+        }
+    return out
+
+
+def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dict[str, Any]:
+    """The set override fields (null and `dub: auto` dropped), each type-checked."""
+    unknown = sorted(set(override) - set(OVERRIDES))
+    if unknown:
+        raise ConfigError(
+            path, f"{where}: unknown override field {unknown[0]!r} (known: {', '.join(OVERRIDES)})"
+        )
+    out: dict[str, Any] = {}
+    for name, value in override.items():
+        if value is None or (name == "dub" and value == "auto"):
+            continue
+        if name == "dub":
+            if value not in ("yes", "no", True, False):  # YAML 1.1 reads a bare yes/no as a boolean
+                raise ConfigError(path, f"{where}: dub must be auto, yes or no, got {value!r}")
+            value = value in ("yes", True)
+        elif isinstance(value, bool) or not isinstance(value, _TYPES[name]):
+            raise ConfigError(path, f"{where}: {name} must be {_TYPES[name][0].__name__}, got {value!r}")
+        out[name] = value
+    if out.get("dub") is False and ("speaker" in out or "crop" in out):
+        raise ConfigError(path, f"{where}: dub: no contradicts a speaker / crop override (leave those null)")
+    return out
+
+
+def to_config_overrides(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A shot's plan overrides as nested config updates (`tasks.timeline.shot_key.shot_config` merges them)."""
+    out: dict[str, dict[str, Any]] = {}
+    gate = {
+        "overrides": None if "dub" not in fields else {str(index): "dub" if fields["dub"] else "skip"},
+        "speakers": None if "speaker" not in fields else {str(index): fields["speaker"]},
+        "crops": None if "crop" not in fields else {str(index): list(fields["crop"])},
+    }
+    if any(gate.values()):
+        out["gate"] = {k: v for k, v in gate.items() if v is not None}
+    talk = {
+        "prompt": fields.get("prompt"),
+        "seed": None if "seed" not in fields else fields["seed"] - index,  # the sampler adds the index
+        "denoise_strength": fields.get("denoise_strength"),
+        "steps": fields.get("steps"),
+    }
+    talk = {k: v for k, v in talk.items() if v is not None}
+    if talk:
+        out["infinitetalk"] = talk
+    if "color_strength" in fields:
+        out["color"] = {"strength": float(fields["color_strength"])}
+    return out
+
+
+def check_against_shots(
+    path: str | Path, plan: Mapping[int, Mapping[str, Any]], shots: Sequence[Mapping[str, Any]]
+) -> None:
+    """Every plan entry names a shot of this film with the same frame range (a one-line error if not)."""
+    spans = {s["index"]: (s["start_frame"], s["end_frame"]) for s in shots}
+    for index, entry in plan.items():
+        if index not in spans:
+            raise ConfigError(path, f"shot {index}: no such shot (the film has shots 0-{len(spans) - 1})")
+        have = (entry["start_frame"], entry["end_frame"])
+        if have != spans[index] and have != (None, None):
+            raise ConfigError(
+                path,
+                f"shot {index}: frames {have[0]}-{have[1]} in the plan, {spans[index][0]}-{spans[index][1]} "
+                "in the film (the shot list changed: write a new plan)",
+            )
+
+
+def plan_overrides(
+    path: str | Path,
+    config: Mapping[str, Any],
+    shots: Sequence[Mapping[str, Any]],
+    frame_hw: tuple[int, int] | None = None,
+    *,
+    check_options: Callable[[PipelineConfig], None],
+) -> dict[int, dict[str, Any]]:
+    """{shot index: nested config overrides} of the plan file at `path` for a film with `shots`
+    (index, start_frame, end_frame), each shot's effective config checked now, before any render (the
+    backend's own option check is `check_options`, handed in so this wing imports no backend); a crop
+    must lie in the display frame `frame_hw` (H, W). (A speaker's track id is checked against the shot's
+    faces where they are analysed, in the film run's planning.)"""
+
+    plan = read_plan(path)
+    check_against_shots(path, plan, shots)
+    options = dict(config["backend"]["options"])
+    out = {}
+    for index, entry in sorted(plan.items()):
+        overrides = to_config_overrides(index, entry["overrides"])
+        shadowed = {k: v for k, v in overrides.get("infinitetalk", {}).items() if k in options}
+        if shadowed:  # backend.options win over the infinitetalk section: the plan must win over both
+            overrides["backend"] = {"options": {**options, **shadowed}}
+        if not overrides:
+            continue
+        try:
+            cfg = PipelineConfig.from_dict(shot_config(config, overrides), source=str(path))
+            check_options(cfg)
+        except ConfigError as ex:
+            key = "" if ex.path in (None, str(path)) else f"{ex.path}: "  # a config key, or this file
+            raise ConfigError(path, f"shot {index}: {key}{ex.problem}") from ex
+        try:
+            region_overrides(index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
+        except ValueError as ex:
+            raise ConfigError(path, str(ex)) from ex
+        out[index] = overrides
+    return out

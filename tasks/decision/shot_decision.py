@@ -1,0 +1,242 @@
+"""The dub decision of one shot, as planning takes it: the dub slice's speech, the shot's face analysis, the gate.
+
+Holds `decide_shot` (one shot; `dubflow estimate`, the film run's planning step and the backend's fallback
+all call it), `region_config` (the region geometry settings of a pipeline config) and the JSON the estimate
+and the shot table show (`regions_json`: boxes in display pixels, film frame numbers).  The face analysis
+(`tasks.perception.face_analysis`) is the expensive part: it runs only when the outcome can depend on it, and is read
+from / written to ``cache`` (a JSON file per shot in the run workspace) when one is given, so a GPU worker
+that finds the planning's file never decodes or analyses anything.  A shot's speaker / crop override
+(`gate.speakers`, `gate.crops`, e.g. from an edited shot plan) replaces the automatic region after the gate.
+Must not run a dubbing model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.config import PipelineConfig
+from tasks.decision.gate import (
+    DubRegion,
+    apply_region_overrides,
+    decide_dub,
+    parse_overrides,
+    region_overrides,
+)
+from tasks.decision.record import ShotDecision
+from tasks.decision.stems import cast_turns
+from tasks.errors import ConfigError
+from tasks.media.probe import VideoInfo
+from tasks.perception.face_analysis import ShotFaces, analyse_shot, source_speech
+from tasks.perception.speech import SpeechInfo, detect_speech
+from tasks.perception.vad import at_frames, resample_to_vad, speech_probs
+from tasks.picture.region import RegionConfig
+from tasks.timeline.shot_key import faces_key
+
+log = logging.getLogger(__name__)
+
+
+def region_config(cfg: PipelineConfig) -> RegionConfig:
+    """`tasks.picture.region.RegionConfig` from the pipeline config (the bucket table follows frames.bucket)."""
+    r = cfg.region
+    return RegionConfig(
+        mode=r.mode, size=f"infinitetalk-{cfg.frames.bucket}", motion=r.motion, feather_px=r.feather_px,
+        expand_w=r.expand_w, expand_h=r.expand_h,
+    )  # fmt: skip
+
+
+def faces_path(work_dir: str | Path, shot_index: int, start: int, end: int, cfg: PipelineConfig) -> Path:
+    """Where the planning keeps the face analysis of shot frames [start, end) in the film's run workspace:
+    ``faces/<index>-<faces key>.json`` (the key: the frames and the analysis settings, not the dub audio)."""
+    key = faces_key(start, end, dataclasses.asdict(cfg.speaker))
+    return Path(work_dir) / "faces" / f"{shot_index:04d}-{key}.json"
+
+
+def _dub_digest(mono: np.ndarray) -> str:
+    """Identity of the dub slice a face analysis took its speech timeline from (no source speech)."""
+    return hashlib.sha256(np.ascontiguousarray(mono, dtype=np.float32).tobytes()).hexdigest()[:20]
+
+
+def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
+    """The analysis in ``cache``, unless its speech timeline came from a dub slice that has changed."""
+    saved = json.loads(cache.read_text())
+    faces = ShotFaces.from_dict(saved)
+    if not faces.source_audio and saved.get("dub_audio") != _dub_digest(mono):
+        return None
+    return faces
+
+
+def _needs_faces(
+    shot_index: int, has_speech: bool, cfg: PipelineConfig, track_override: bool = False
+) -> bool:
+    """Whether the gate's outcome (or the dubbed region) depends on the picture (``track_override``: the
+    shot's region follows a face track the config names)."""
+    try:
+        action = parse_overrides(cfg.gate.overrides).get(shot_index)
+    except ValueError as ex:
+        raise ConfigError("gate.overrides", str(ex)) from ex
+    if action == "skip":
+        return False
+    if track_override:
+        return True
+    if cfg.gate.policy == "none" and action != "dub":
+        return False
+    forced = action == "dub" or cfg.gate.policy == "all"
+    if forced and cfg.region.mode == "full":  # dubbed on the whole frame whatever the faces
+        return False
+    return forced or has_speech
+
+
+def _no_faces(info: VideoInfo, start: int, end: int) -> ShotFaces:
+    """An analysis with no faces, for a shot whose decision and region cannot depend on the picture."""
+    w, h = info.display_size
+    return ShotFaces(end - start, float(info.fps), (h, w), (h, w), False, (), (), (), (), 1, 0.0)
+
+
+def shot_faces(
+    info: VideoInfo, start: int, end: int, dub_mono: np.ndarray, sample_rate: int, cfg: PipelineConfig
+) -> ShotFaces:
+    """Analyse frames [start, end): the speech timeline is the source's own audio when it has speech there,
+    else the dub slice's (a film without audio, or a source VAD that hears nothing under loud music)."""
+    probs = source_speech(info, start, end)
+    source_audio = probs is not None and bool((probs >= cfg.speaker.vad_threshold).any())
+    if not source_audio:
+        dub = speech_probs(resample_to_vad(dub_mono, sample_rate))
+        probs = at_frames(dub, end - start, float(info.fps))
+    return analyse_shot(info, start, end, probs, cfg.speaker, source_audio=source_audio)
+
+
+def needed_faces(
+    shot_index: int, start: int, end: int, info: VideoInfo, audio: np.ndarray, sample_rate: int,
+    cfg: PipelineConfig, cache: Path | None = None, *, planned: bool = False, track_override: bool = False,
+) -> tuple[SpeechInfo, ShotFaces | None]:  # fmt: skip
+    """The dub slice's speech and, when the shot's outcome can depend on it, its face analysis (read from /
+    written to ``cache``; see `decide_shot`). ``track_override``: the plan names the shot's speaker track."""
+    mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
+    speech = detect_speech(mono, sample_rate, cfg.speaker)
+    faces = None
+    if _needs_faces(shot_index, speech.has_speech, cfg, track_override=track_override):
+        if cache is not None and cache.is_file():
+            faces = _cached_faces(cache, mono)
+        if faces is None:
+            if planned:
+                log.warning(
+                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
+                )
+            faces = shot_faces(info, start, end, mono, sample_rate, cfg)
+            if cache is not None:
+                dub = None if faces.source_audio else _dub_digest(mono)
+                _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
+    elif cfg.region.mode == "full":
+        faces = _no_faces(info, start, end)
+    return speech, faces
+
+
+def decide_shot(
+    shot_index: int,
+    start: int,
+    end: int,
+    info: VideoInfo,
+    audio: np.ndarray,
+    sample_rate: int,
+    cfg: PipelineConfig,
+    cache: Path | None = None,
+    *,
+    planned: bool = False,
+) -> ShotDecision:
+    """Speech in the dub slice ``audio`` ((S, C) or (S,) float32), then (only when the outcome can depend on
+    it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
+    ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
+    frame_hw = info.display_size[::-1]
+    try:  # the shot's speaker / crop overrides, checked before any analysis
+        override = region_overrides(shot_index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
+    except ValueError as ex:
+        raise ConfigError("gate", str(ex)) from ex
+    speech, faces = needed_faces(
+        shot_index, start, end, info, audio, sample_rate, cfg, cache, planned=planned,
+        track_override=override[0] is not None,
+    )  # fmt: skip
+    turns, why_not, names = cast_turns(
+        faces, cfg
+    )  # per-character stems / undubbed characters (tasks.decision.stems)
+    try:
+        d = decide_dub(
+            shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
+            require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
+            turns=turns, why_not=why_not, names=names,
+        )  # fmt: skip
+        skipped = parse_overrides(cfg.gate.overrides).get(shot_index) == "skip"
+        d = apply_region_overrides(
+            d, shot_index, faces, region_config(cfg), frame_hw, end - start, override, skipped
+        )
+    except ValueError as ex:
+        raise ConfigError("gate", str(ex)) from ex
+    details: dict[str, Any] = {
+        "speech": speech.to_dict(),
+        "regions": [r.to_dict() for r in d.regions],
+        "faces": None if faces is None else faces.to_dict(),
+        "characters": names,
+    }
+    return ShotDecision(d.dub, d.reason, details)
+
+
+def decision_regions(decision: ShotDecision) -> list[DubRegion]:
+    """The dubbed regions of a decision (shot-relative frames)."""
+    return [DubRegion.from_dict(r) for r in decision.details.get("regions") or []]
+
+
+def switch_frames(decision: ShotDecision) -> list[int]:
+    """Shot frames where the dubbed region moves to another speaker (the renderer splits the chunk plan
+    there, `tasks.timeline.plan.split_at`): the start of every region after the first."""
+    regions = sorted(decision_regions(decision), key=lambda r: r.start_frame) if decision.dub else []
+    return [
+        r.start_frame for prev, r in zip(regions[:-1], regions[1:], strict=True) if r.speaker != prev.speaker
+    ]
+
+
+def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
+    """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
+    the speaker's character (None when unknown) and, for a two-speaker region, its people."""
+    names = decision.details.get("characters") or {}
+    out = []
+    for r in decision_regions(decision) if decision.dub else []:
+        out.append(
+            {
+                "start_frame": shot_start + r.start_frame,
+                "end_frame": shot_start + r.end_frame,
+                "box": list(r.plan.box),
+                "speaker": r.speaker,
+                "score": r.score,
+                "status": r.status,
+                "character": names.get(str(r.speaker)),
+                **({"people": [dict(p) for p in r.people]} if r.people else {}),
+            }  # fmt: skip
+        )
+    return out
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write atomically (a temp file in the same folder, then rename): readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+__all__ = [
+    "decide_shot",
+    "decision_regions",
+    "faces_path",
+    "needed_faces",
+    "region_config",
+    "regions_json",
+    "shot_faces",
+    "switch_frames",
+]

@@ -1,0 +1,264 @@
+"""Face analysis of a shot on the CPU: faces, tracks, mouth activity and speakers, as one JSON-able record.
+
+Holds `SpeakerConfig` -> settings conversion, the source's speech timeline (Silero VAD over the film's own
+first audio stream, streamed, one probability per 32 ms), and `analyse_shot`: decode the shot once at
+analysis size in display orientation (rotation and SAR applied, longest side `detect_max_side`), detect
+faces on every `detect_every`-th frame, link tracks, measure mouth activity on every frame from the
+interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`).  The result (`ShotFaces`) keeps
+boxes in display pixels, so the estimate, the shot table, the QC sheet and the region planner read them
+without decoding again.  Runs in planning; the GPU path only reads the record.
+Must not decide whether a shot is dubbed (that is `tasks.decision.gate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from tasks.config import SpeakerConfig
+from tasks.media import ffmpeg
+from tasks.media.frames import iter_frames
+from tasks.media.probe import VideoInfo
+from tasks.perception.faces import FaceDetector
+from tasks.perception.lips import MouthMeter, mouth_activity
+from tasks.perception.speaker import SpeakerSegment, SpeakerSettings, find_speakers, still_tracks
+from tasks.perception.tracks import Tracker, appearance
+from tasks.perception.vad import RATE, StreamingVad, at_frames
+
+log = logging.getLogger(__name__)
+
+Box = tuple[int, int, int, int]
+
+
+def speaker_settings(cfg: SpeakerConfig) -> SpeakerSettings:
+    return SpeakerSettings(
+        activity_on=cfg.activity_on, still_face=cfg.still_face, smooth_s=cfg.smooth_s, step_s=cfg.step_s,
+        switch_penalty=cfg.switch_penalty, contrast_min=cfg.contrast_min,
+    )  # fmt: skip
+
+
+def source_speech(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
+    """Speech probability at each of the film's frames [start, end), from its own first audio stream (Silero
+    VAD over that stretch only); None when the film has no audio stream."""
+    if not info.audio:
+        return None
+    t0 = info.seek_offset_s + float(start / info.fps)
+    dur = float((end - start) / info.fps)
+    args = ["-v", "error", "-ss", f"{max(0.0, t0):.6f}", "-i", info.path, "-map", f"0:{info.audio[0].index}"]
+    args += ["-t", f"{dur:.6f}", "-vn", "-sn", "-dn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
+    vad = StreamingVad()
+    blocks = ffmpeg.read_blocks(args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True)
+    probs = np.concatenate([*(vad.feed(np.frombuffer(buf, np.float32)) for buf in blocks), vad.finish()])
+    return at_frames(probs, end - start, float(info.fps))
+
+
+@dataclass(frozen=True)
+class TrackInfo:
+    """One face track of a shot, in display pixels and shot-relative frames."""
+
+    id: int
+    start_frame: int
+    end_frame: int  # exclusive
+    side_px: float  # median face size (display pixels)
+    still: bool  # never changes: a poster, a photo, a paused screen
+    frames: tuple[int, ...]  # frames with a detection
+    boxes: tuple[Box, ...]  # face box at each of those frames
+
+    def samples(self, start: int = 0, end: int | None = None) -> list[tuple[int, Box]]:
+        """[(frame, face box)] of the detections in [start, end)."""
+        end = self.end_frame if end is None else end
+        return [(t, b) for t, b in zip(self.frames, self.boxes, strict=True) if start <= t < end]
+
+
+@dataclass(frozen=True)
+class ShotFaces:
+    """Everything the face analysis found in one shot (JSON round trip with to_dict / from_dict)."""
+
+    num_frames: int
+    fps: float
+    display_hw: tuple[int, int]
+    analysis_hw: tuple[int, int]
+    source_audio: bool  # False: the film has no audio, the speech timeline is the dub track's
+    tracks: tuple[TrackInfo, ...]
+    segments: tuple[SpeakerSegment, ...]
+    speech: tuple[float, ...]  # speech probability per step_s step (QC timeline)
+    activity: tuple[tuple[float | None, ...], ...]  # per track, mouth activity per step (None: absent)
+    step_frames: int
+    cpu_s: float
+
+    def track(self, track_id: int) -> TrackInfo:
+        return next(t for t in self.tracks if t.id == track_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShotFaces:
+        tracks = tuple(
+            TrackInfo(
+                int(t["id"]),
+                int(t["start_frame"]),
+                int(t["end_frame"]),
+                float(t["side_px"]),
+                bool(t["still"]),
+                tuple(int(f) for f in t["frames"]),
+                tuple(tuple(int(v) for v in b) for b in t["boxes"]),  # type: ignore[misc]
+            )  # fmt: skip
+            for t in d["tracks"]
+        )
+        return cls(
+            int(d["num_frames"]), float(d["fps"]), (int(d["display_hw"][0]), int(d["display_hw"][1])),
+            (int(d["analysis_hw"][0]), int(d["analysis_hw"][1])), bool(d["source_audio"]), tracks,
+            tuple(SpeakerSegment.from_dict(s) for s in d["segments"]), tuple(float(v) for v in d["speech"]),
+            tuple(tuple(None if v is None else float(v) for v in row) for row in d["activity"]),
+            int(d["step_frames"]), float(d["cpu_s"]),
+        )  # fmt: skip
+
+
+def analysis_size(display_hw: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """(h, w) of the analysis frames: the display size scaled to at most ``max_side`` (even sides)."""
+    h, w = display_hw
+    s = min(1.0, max_side / max(h, w))
+    return max(2, round(h * s / 2) * 2), max(2, round(w * s / 2) * 2)
+
+
+def display_frames(info: VideoInfo, start: int, end: int, hw: tuple[int, int]) -> Iterator[np.ndarray]:
+    """Frames [start, end) as RGB uint8 at analysis size ``hw`` (display orientation)."""
+    k = (info.rotation // 90) % 4
+    coded_hw = hw if k % 2 == 0 else hw[::-1]  # size before the rotation
+    for frame in iter_frames(info, start, end, width=min(info.width, max(coded_hw[1], 2))):
+        if frame.shape[:2] != coded_hw:  # SAR (and rounding): stretch to square pixels
+            frame = cv2.resize(frame, (coded_hw[1], coded_hw[0]), interpolation=cv2.INTER_AREA)
+        yield np.ascontiguousarray(np.rot90(frame, k)) if k else frame
+
+
+def _to_display(box: np.ndarray, scale: tuple[float, float], display_hw: tuple[int, int]) -> Box:
+    sx, sy = scale
+    h, w = display_hw
+    x0, y0, x1, y1 = box
+    return (
+        int(np.clip(round(x0 * sx), 0, w - 1)), int(np.clip(round(y0 * sy), 0, h - 1)),
+        int(np.clip(round(x1 * sx), 1, w)), int(np.clip(round(y1 * sy), 1, h)),
+    )  # fmt: skip
+
+
+def _measure(meter: MouthMeter, tracker: Tracker, pending: list[tuple[int, np.ndarray]]) -> None:
+    """Mouth activity of the buffered frames, from the live tracks' landmarks (interpolated up to now)."""
+    for t, frame in pending:
+        ft = np.array([t], np.float64)
+        live = {tr.id: (tr.landmarks_at(ft)[0], tr.boxes_at(ft)[0]) for tr in tracker.live if tr.start <= t}
+        meter.feed(t, frame, live)
+
+
+def analyse_frames(
+    frames: Iterable[np.ndarray],
+    n_frames: int,
+    speech_prob: np.ndarray,
+    fps: float,
+    cfg: SpeakerConfig,
+    display_hw: tuple[int, int],
+) -> ShotFaces:
+    """`analyse_shot` on decoded analysis frames (RGB uint8, display orientation), streamed.
+
+    Only the frames since the last detection are held: they are measured once the next detection has
+    placed every live track at both ends.
+    """
+    t0 = time.process_time()
+    detector = FaceDetector(cfg.detect_threshold, cfg.min_face_px)
+    tracker = Tracker(cfg.track_max_miss)
+    meter = MouthMeter(n_frames, round(cfg.mouth_lag_s * fps))
+    pending: list[tuple[int, np.ndarray]] = []
+    hw = (1, 1)
+    for t, frame in enumerate(frames):
+        hw = frame.shape[:2]
+        pending.append((t, frame))
+        if t % cfg.detect_every == 0 or t == n_frames - 1:
+            faces = detector(frame)
+            tracker.update(t, faces, [appearance(frame, f.box) for f in faces])
+            _measure(meter, tracker, pending)
+            pending = []
+    _measure(meter, tracker, pending)
+    tracks = tracker.finish()
+    settings = speaker_settings(cfg)
+    mouth, upper = meter.rows([tr.id for tr in tracks])
+    activity = mouth_activity(mouth, upper)
+    change = mouth + upper
+    speech_prob = np.asarray(speech_prob, np.float64)[:n_frames]
+    segments = find_speakers(activity, change, speech_prob, fps, settings)
+    still = still_tracks(change, settings)
+    scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
+    infos = tuple(
+        TrackInfo(
+            k,
+            tr.start,
+            tr.end,
+            round(tr.side() * (scale[0] + scale[1]) / 2, 1),
+            bool(still[k]),
+            tuple(tr.frames),
+            tuple(_to_display(b, scale, display_hw) for b in tr.boxes),
+        )  # fmt: skip
+        for k, tr in enumerate(tracks)
+    )
+    step = max(1, round(cfg.step_s * fps))
+    steps = range(0, n_frames, step)
+    speech_steps = tuple(round(float(np.mean(speech_prob[s : s + step])), 2) for s in steps)
+    act_steps = tuple(
+        tuple(
+            None if np.isnan(r[s : s + step]).all() else round(float(np.nanmean(r[s : s + step])), 4)
+            for s in steps
+        )
+        for r in activity
+    )
+    return ShotFaces(
+        n_frames, fps, display_hw, (int(hw[0]), int(hw[1])), True, infos, tuple(segments), speech_steps,
+        act_steps, step, round(time.process_time() - t0, 3),
+    )  # fmt: skip
+
+
+def analyse_shot(
+    info: VideoInfo,
+    start: int,
+    end: int,
+    speech_prob: np.ndarray,
+    cfg: SpeakerConfig,
+    *,
+    source_audio: bool = True,
+) -> ShotFaces:
+    """Faces, tracks and speakers of the film's frames [start, end); ``speech_prob`` is per shot frame.
+
+    ``cpu_s`` counts this process's CPU time, decoding included except ffmpeg's own (a child process).
+    """
+    w, h = info.display_size
+    hw = analysis_size((h, w), cfg.detect_max_side)
+    t0 = time.process_time()
+    frames = display_frames(info, start, end, hw)
+    out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w))
+    cpu = round(time.process_time() - t0, 3)
+    log.debug(
+        "frames %d-%d: %d tracks, %d segments, %.2f CPU-s",
+        start,
+        end,
+        len(out.tracks),
+        len(out.segments),
+        cpu,
+    )
+    return dataclasses.replace(out, source_audio=source_audio, cpu_s=cpu)
+
+
+__all__ = [
+    "ShotFaces",
+    "TrackInfo",
+    "analyse_frames",
+    "analyse_shot",
+    "analysis_size",
+    "display_frames",
+    "source_speech",
+    "speaker_settings",
+]

@@ -1,0 +1,121 @@
+"""Who-speaks overlays for the QC contact sheet: every face track, the chosen speaker, the speech timeline.
+
+Holds `SpeakerOverlay`, built from a shot's face analysis (`tasks.perception.face_analysis.ShotFaces`) and its dubbed
+regions (`tasks.decision.gate.DubRegion`): `annotate` draws on a source frame (display orientation, display
+pixels) every track visible at that frame (grey; still pictures red) with its character's name when
+known, the dubbed speaker's face (both faces of a two-speaker turn) in green with its track id and score,
+and the dubbed crop box; `timeline` draws a strip under the sheet: the
+source's speech probability, each track's mouth activity and who is dubbed when.
+Pure drawing on arrays; must not decode or decide anything.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from tasks.decision.gate import DubRegion
+from tasks.perception.face_analysis import ShotFaces
+
+GREY, RED, GREEN, YELLOW = (170, 170, 170), (230, 60, 60), (60, 220, 90), (250, 210, 60)
+TRACK_COLOURS = [(90, 160, 255), (255, 150, 60), (200, 90, 255), (60, 220, 220), (255, 90, 160)]
+
+
+def _text(
+    img: np.ndarray, text: str, org: tuple[int, int], colour: tuple[int, int, int], scale: float
+) -> None:
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 3, cv2.LINE_AA)
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, 1, cv2.LINE_AA)
+
+
+class SpeakerOverlay:
+    """Draws a shot's tracks, dubbed speakers and speech timeline (see the module docstring)."""
+
+    def __init__(
+        self, faces: ShotFaces, regions: list[DubRegion], names: dict[str, str] | None = None
+    ) -> None:
+        self.faces = faces
+        self.regions = regions
+        self.names = names or {}  # track id (str) -> character name
+
+    def region_at(self, t: int) -> DubRegion | None:
+        return next((r for r in self.regions if r.start_frame <= t < r.end_frame), None)
+
+    def annotate(self, t: int, frame: np.ndarray) -> np.ndarray:
+        """A copy of display frame ``t`` with the tracks (boxes interpolated between detections) drawn."""
+        out = np.ascontiguousarray(frame).copy()
+        thick = max(1, round(out.shape[0] / 240))
+        scale = max(0.4, out.shape[0] / 500)
+        region = self.region_at(t)
+        for tr in self.faces.tracks:
+            if not tr.start_frame <= t < tr.end_frame:
+                continue
+            b = np.array(tr.boxes, np.float64)
+            box = [int(round(np.interp(t, tr.frames, b[:, k]))) for k in range(4)]
+            chosen = region is not None and (
+                region.speaker == tr.id or any(p["track"] == tr.id for p in region.people)
+            )
+            colour = GREEN if chosen else RED if tr.still else GREY
+            cv2.rectangle(out, (box[0], box[1]), (box[2], box[3]), colour, thick * (2 if chosen else 1))
+            label = (
+                f"{tr.id}"
+                + (f" {self.names[str(tr.id)]}" if str(tr.id) in self.names else "")
+                + (" still" if tr.still else "")
+                + (f" speaks {region.score:.2f}" if chosen else "")
+            )
+            _text(out, label, (box[0], max(12, box[1] - 4)), colour, scale)
+        if region is not None:
+            x0, y0, x1, y1 = region.plan.box_at(t - region.start_frame)
+            cv2.rectangle(out, (x0, y0), (x1 - 1, y1 - 1), YELLOW, thick)
+        return out
+
+    def timeline(self, width: int) -> np.ndarray:
+        """(h, width, 3) strip: speech probability (white), mouth activity per track, dubbed turns below."""
+        faces = self.faces
+        n_steps = len(faces.speech)
+        h_plot, h_bar = 60, 14
+        img = np.full((h_plot + h_bar + 20, width, 3), 24, np.uint8)
+        if n_steps == 0:
+            return img
+        xs = np.linspace(0, width - 1, n_steps).astype(int)
+        speech = np.array(faces.speech)
+        for x0, x1, p in zip(xs[:-1], xs[1:], speech[:-1], strict=True):
+            top = int(h_plot * (1 - p))
+            cv2.rectangle(img, (x0, top), (x1, h_plot), (70, 70, 70), -1)
+        peak = max([v for row in faces.activity for v in row if v is not None] or [1e-6])
+        for k, row in enumerate(faces.activity):
+            colour = TRACK_COLOURS[k % len(TRACK_COLOURS)]
+            pts = [
+                (int(x), int(h_plot * (1 - min(1.0, v / peak))))
+                for x, v in zip(xs, row, strict=True)
+                if v is not None
+            ]
+            if len(pts) > 1:
+                cv2.polylines(img, [np.array(pts, np.int32)], False, colour, 1, cv2.LINE_AA)
+        n = max(1, faces.num_frames)
+        for r in self.regions:
+            a, b = int(r.start_frame / n * (width - 1)), int(r.end_frame / n * (width - 1))
+            colour = TRACK_COLOURS[(r.speaker or 0) % len(TRACK_COLOURS)] if r.speaker is not None else GREY
+            cv2.rectangle(img, (a, h_plot + 2), (b, h_plot + h_bar), colour, -1)
+            who = [p["track"] for p in r.people] or [r.speaker]
+            label = "+".join(f"{k}" + (f" {self.names[str(k)]}" if str(k) in self.names else "") for k in who)
+            _text(img, label, (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
+        _text(
+            img,
+            "speech (grey), mouth activity per track, dubbed speaker per turn",
+            (4, h_plot + h_bar + 15),
+            GREY,
+            0.38,
+        )
+        return img
+
+
+def speaker_overlay(details: dict) -> SpeakerOverlay | None:
+    """The overlay of a shot decision's details (None when the decision carries no face analysis)."""
+    if not details.get("faces"):
+        return None
+    regions = [DubRegion.from_dict(r) for r in details.get("regions") or []]
+    return SpeakerOverlay(ShotFaces.from_dict(details["faces"]), regions, details.get("characters"))
+
+
+__all__ = ["SpeakerOverlay", "speaker_overlay"]

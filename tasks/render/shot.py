@@ -1,0 +1,447 @@
+"""The per-shot unit: decode a shot, run the backend chunk by chunk, colour-correct, write it losslessly.
+
+`render_shot(job)` takes a `ShotJob` (small serialisable records: paths and dicts, no tensors) so
+an orchestrator can ship it to any worker. Per chunk it writes a lossless FFV1 segment plus the
+backend's state (`tasks.render.chunk_checkpoints`: data-only safetensors, hash-checked; never a pickle); a
+restarted shot skips the chunks verifiably written and recomputes any damaged one. At the end the
+segments are joined (stream copy) into the shot's intermediate, atomically, and its frame count and
+hash are recorded (`"file"`) so every later use can verify it.
+
+`render_shot_result(job)` does the same and returns a JSON-ready `ShotResult` dict for the flow:
+`{"index", "path", "dubbed", "reason", "chunks", "chunks_resumed", "backend", "tiny", "timings_s",
+"qc", "file"}`. With a gating backend (`prepare_shot`) the shot's dub decision is taken first and kept next
+to the chunk checkpoints; a shot the gate skips is copied through untouched (no model call). Every
+dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a contact sheet under
+`<work dir>/qc/`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks.config import PipelineConfig
+from tasks.decision.record import ShotDecision
+from tasks.decision.shot_decision import switch_frames
+from tasks.errors import DecodeError, MediaError
+from tasks.files import atomic_temp
+from tasks.media import ffmpeg
+from tasks.media.audio import DialogueTrack, read_samples
+from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
+from tasks.media.intermediates import clean_temps, read_marker, record_written, write_marker
+from tasks.media.probe import VideoInfo, probe
+from tasks.picture.color import match_and_blend
+from tasks.picture.geometry import ModelGeometry
+from tasks.render.backend import ChunkInput, ShotContext, get_backend
+from tasks.render.chunk_checkpoints import ChunkCheckpoints
+from tasks.render.overlap import dub_chunk_deferred, run_chunks
+from tasks.timeline.plan import ShotPlan, split_at
+
+log = logging.getLogger(__name__)
+
+PREVIEW_LABEL = "PREVIEW PASS - NOT THE FINAL DUB"  # QC banner and output metadata of a preview run
+
+
+@dataclass(frozen=True)
+class ShotJob:
+    """Everything one shot's render needs."""
+
+    video: dict[str, Any]  # VideoInfo.to_dict()
+    plan: dict[str, Any]  # ShotPlan.to_dict()
+    dialogue: dict[str, Any]  # DialogueTrack.to_dict()
+    audio_range: tuple[int, int]  # the shot's samples in the dialogue track
+    out_path: str  # the shot's lossless intermediate (.mkv)
+    config: dict[str, Any]  # PipelineConfig.to_dict()
+    work_dir: str | None = None  # the run's work dir (per-film caches, QC); None: see `run_dir`
+    stems: dict[str, str] = field(
+        default_factory=dict
+    )  # character name -> its checked stem wav (tasks.decision.cast)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShotJob:
+        d = dict(d)
+        d["audio_range"] = tuple(d["audio_range"])
+        return cls(**d)
+
+
+def color_correct(frames: np.ndarray, reference: np.ndarray, strength: float) -> np.ndarray:
+    """uint8 (T, H, W, 3) frames matched to a uint8 (H, W, 3) reference with `match_and_blend`."""
+    if strength == 0.0 or frames.shape[0] == 0:
+        return frames
+    video = torch.from_numpy(np.array(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0  # (3,T,H,W)
+    ref = torch.from_numpy(np.array(reference)).permute(2, 0, 1).float() / 127.5 - 1.0  # (3,H,W)
+    out = match_and_blend(video, ref, strength)
+    return ((out + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).numpy()
+
+
+def chunk_audio(shot_audio: np.ndarray, sample_rate: int, plan: ShotPlan, chunk_index: int) -> np.ndarray:
+    """The shot audio under the chunk's model window [model_start, model_end) / model_fps, zero-padded."""
+    c = plan.chunks[chunk_index]
+    a = (c.model_start * sample_rate * 2 + plan.model_fps) // (2 * plan.model_fps)
+    b = (c.model_end * sample_rate * 2 + plan.model_fps) // (2 * plan.model_fps)
+    out = np.zeros((b - a, shot_audio.shape[1]), np.float32)
+    have = shot_audio[a:b]
+    out[: have.shape[0]] = have
+    return out
+
+
+def _concat_copy(segments: list[Path], out: Path, workdir: Path) -> None:
+    """Join FFV1 segments by stream copy into `out` (atomic)."""
+    if len(segments) == 1:
+        tmp = atomic_temp(out)
+        try:
+            shutil.copyfile(segments[0], tmp)
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
+    listing = workdir / "concat.txt"
+    listing.write_text("ffconcat version 1.0\n" + "".join(f"file {_quote(p)}\n" for p in segments))
+    tmp = atomic_temp(out)
+    try:
+        ffmpeg.run(
+            [
+                "-v",
+                "error",
+                "-y",
+                "-f",
+                "concat",
+                "-safe",
+                "0",
+                "-i",
+                str(listing),
+                "-c",
+                "copy",
+                "-f",
+                "matroska",
+                str(tmp),
+            ],
+            path=out,
+            what="joining chunk segments",
+        )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _quote(p: Path) -> str:
+    return "'" + str(p.resolve()).replace("'", "'\\''") + "'"
+
+
+class _Timer:
+    """Wall-clock seconds per named stage of one shot."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - t0
+
+    def add(self, other: dict[str, float]) -> None:
+        for k, v in other.items():
+            self.totals[k] += v
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.totals.items()}
+
+
+def run_dir(out: Path) -> Path:
+    """The run's work dir for a shot written to `out` when the job does not name one: the nearest
+    folder above it holding a run-workspace manifest (`workspace.json`), else `out`'s own folder."""
+    for parent in list(out.parents)[:4]:
+        if (parent / "workspace.json").is_file():
+            return parent
+    return out.parent
+
+
+def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
+    """Write the shot's decoded source frames unchanged into its lossless intermediate."""
+    with LosslessWriter(out, (info.height, info.width), info.fps) as w:
+        for frame in iter_frames(info, plan.start_frame, plan.end_frame):
+            w.write(frame)
+
+
+def write_shot_qc(
+    info: VideoInfo,
+    plan: ShotPlan,
+    rendered: Path,
+    qc_dir: Path,
+    shot_audio: np.ndarray,
+    sample_rate: int,
+    height: int,
+    title: str | None = None,
+    decision: ShotDecision | None = None,
+) -> dict[str, str]:
+    """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
+    (`title`: a banner on both, e.g. for a preview pass)."""
+    import soundfile as sf
+
+    from tasks.render.qc import QcConfig, write_qc  # cv2 only when QC is written
+    from tasks.render.qc_overlay import speaker_overlay
+
+    stem = f"shot_{plan.shot_index:04d}"
+    dubbed = probe(rendered, frame_count="packets")
+    geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
+    overlay = speaker_overlay(decision.details) if decision is not None else None
+    wav = atomic_temp(qc_dir / f"{stem}.wav")
+    try:
+        sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
+        result = write_qc(
+            (geometry.to_display(f) for f in iter_frames(info, plan.start_frame, plan.end_frame)),
+            (geometry.to_display(f) for f in iter_frames(dubbed, 0, plan.num_frames)),
+            qc_dir,
+            stem,
+            QcConfig(height=height, fps=float(info.fps), title=title),
+            num_frames=plan.num_frames,
+            audio=wav,
+            overlay=overlay,
+        )
+    finally:
+        wav.unlink(missing_ok=True)
+    return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
+
+
+def _context(job: ShotJob, info: VideoInfo, track: DialogueTrack, cfg: PipelineConfig) -> ShotContext:
+    """The film-level facts a gating backend sees for this shot (its run workspace, its stems)."""
+    work_dir = Path(job.work_dir) if job.work_dir else run_dir(Path(job.out_path))
+    stems = {name: Path(p) for name, p in job.stems.items()}
+    return ShotContext(work_dir, info, track, tuple(job.audio_range), cfg, stems)
+
+
+def _decision(
+    backend: Any, plan: ShotPlan, geometry: ModelGeometry, shot_audio: np.ndarray, context: ShotContext,
+    seg_dir: Path,
+) -> ShotDecision | None:  # fmt: skip
+    """The shot's dub decision with a gating backend (None without one): the one kept next to the chunk
+    checkpoints (`decision.json`, e.g. written ahead by `prepare_decision`), else the gate's, then kept."""
+    if not callable(getattr(backend, "prepare_shot", None)):
+        return None
+    decision_file = seg_dir / "decision.json"
+    kept = read_marker(decision_file)  # unreadable: logged, the gate runs again
+    if kept is not None:
+        return ShotDecision.from_dict(kept)
+    sr = context.dialogue.sample_rate
+    decision = backend.prepare_shot(plan, geometry, shot_audio, sr, context)
+    write_marker(decision_file, decision.to_dict())
+    return decision
+
+
+def prepare_decision(job: ShotJob | dict[str, Any], backend: Any | None = None) -> ShotDecision | None:
+    """A shot's CPU preparation ahead of its render (the next shot's, while the current one generates):
+    its dub decision (speech, face analysis when needed, region plan) is taken and kept where
+    `render_shot_result` looks for it, which then reads it instead of gating again. Same decision as the
+    render's own, so nothing in the output changes. `backend`: a gating backend of the shot's config,
+    not the one rendering now (the gate binds its backend to the shot's config)."""
+    job = ShotJob.from_dict(job) if isinstance(job, dict) else job
+    cfg = PipelineConfig.from_dict(job.config)
+    info, plan = VideoInfo.from_dict(job.video), ShotPlan.from_dict(job.plan)
+    track = DialogueTrack.from_dict(job.dialogue)
+    out = Path(job.out_path)
+    backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
+    seg_dir = out.with_name(out.stem + ".chunks")
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    context = _context(job, info, track, cfg)
+    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
+    shot_audio = read_samples(track, *job.audio_range)  # (S, C) float32
+    return _decision(backend, plan, geometry, shot_audio, context, seg_dir)
+
+
+def render_shot(
+    job: ShotJob | dict[str, Any],
+    *,
+    on_progress: Callable[[float], None] | None = None,
+    backend: Any | None = None,
+) -> str:
+    """Render one shot to its lossless intermediate; return its path (see `render_shot_result`)."""
+    return render_shot_result(job, on_progress=on_progress, backend=backend)["path"]
+
+
+def render_shot_result(
+    job: ShotJob | dict[str, Any],
+    *,
+    on_progress: Callable[[float], None] | None = None,
+    backend: Any | None = None,
+) -> dict[str, Any]:
+    """Render one shot to its lossless intermediate; return its JSON-ready `ShotResult` dict.
+
+    `on_progress(fraction)` is called after every chunk (0 < fraction <= 1). `backend` overrides
+    the configured one (an already-built Backend instance, e.g. with a loaded model).
+    """
+    t_start = time.perf_counter()
+    timer = _Timer()
+    job = ShotJob.from_dict(job) if isinstance(job, dict) else job
+    cfg = PipelineConfig.from_dict(job.config)
+    info = VideoInfo.from_dict(job.video)
+    plan = ShotPlan.from_dict(job.plan)
+    track = DialogueTrack.from_dict(job.dialogue)
+    out = Path(job.out_path)
+    backend = backend or get_backend(cfg.backend.name, cfg.backend.options, config=cfg)
+    geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
+    a0, a1 = job.audio_range
+    shot_audio = read_samples(track, a0, a1)  # (S, C) float32
+
+    seg_dir = out.with_name(out.stem + ".chunks")
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    clean_temps(out.parent, out.stem)  # a crashed earlier attempt's half-written intermediate
+
+    # 1. the dub decision (gating backends), taken once and kept with the checkpoints
+    context = _context(job, info, track, cfg)
+    gating = callable(getattr(backend, "prepare_shot", None))
+    with timer("gate") if gating else nullcontext():
+        decision = _decision(backend, plan, geometry, shot_audio, context, seg_dir)
+    if decision is not None:
+        plan = split_at(plan, switch_frames(decision))  # a speaker switch: one sampler run per part
+    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
+    segments = [checkpoints.segment(c.index) for c in plan.chunks]
+    dubs = bool(getattr(backend, "dubs", True))
+    if decision is not None:
+        dubbed, reason = decision.dub, decision.reason
+    elif dubs:
+        dubbed, reason = True, f"backend {backend.name}"
+    else:
+        dubbed, reason = False, f"{backend.name} backend: dry run, not dubbed"
+    result: dict[str, Any] = {
+        "index": plan.shot_index,
+        "path": str(out),
+        "dubbed": dubbed,
+        "reason": reason,
+        "chunks": len(plan.chunks),
+        "chunks_resumed": 0,
+        "backend": backend.name,
+        "tiny": bool(getattr(backend, "tiny", False)),
+        "timings_s": {},
+        "qc": None,
+        "file": None,  # the intermediate's record (size, sha256, frames): checked before any reuse
+    }
+    if decision is not None and not decision.dub:
+        log.info("shot %04d: not dubbed (%s): copying %d frames", plan.shot_index, reason, plan.num_frames)
+        with timer("copy"):
+            _copy_through(info, plan, out)
+            result["file"] = record_written(out, plan.num_frames)
+        shutil.rmtree(seg_dir, ignore_errors=True)
+        if on_progress:
+            on_progress(1.0)
+        result["chunks"] = 0
+        timer.totals["total"] = time.perf_counter() - t_start
+        result["timings_s"] = timer.rounded()
+        return result
+
+    # 2. resume after the last chunk verifiably done (segment + state checked against its marker)
+    first, resume_state = checkpoints.resume()
+    result["chunks_resumed"] = first
+    if first:
+        log.info("shot %04d: resuming at chunk %d/%d", plan.shot_index, first + 1, len(plan.chunks))
+
+    # 3. the chunks
+    s0 = plan.start_frame
+    todo = plan.chunks[first:]
+    if todo:
+        shot_first = cfg.color.reference == "shot_first"
+        start = min(min(c.ref_frame, c.src_start) for c in todo)
+        lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
+        cursor = FrameCursor(info, s0 + start, plan.end_frame, lookback=lookback)
+        with timer("decode"):
+            first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
+        extra = {"decision": decision, "context": context} if decision is not None else {}
+        with timer("open"):
+            session = backend.open_shot(
+                plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state, **extra
+            )
+
+        def read(c: Any) -> tuple[ChunkInput, np.ndarray]:  # reader thread: decode ahead
+            nonlocal first_frame
+            with timer("decode"):
+                frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
+                ref = cursor.get(s0 + c.ref_frame)
+                if shot_first:
+                    first_frame = cursor.get(s0) if first_frame is None else first_frame
+            color_ref = first_frame if shot_first else ref
+            window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
+            return ChunkInput(c, frames, ref, window, track.sample_rate), color_ref
+
+        def generate(
+            c: Any, got: tuple[ChunkInput, np.ndarray]
+        ) -> tuple[Any, np.ndarray, Any]:  # caller: GPU
+            inp, color_ref = got
+            with timer("backend"):
+                finish = dub_chunk_deferred(session, inp)
+            return finish, color_ref, session.state()  # the state after this chunk, for its checkpoint
+
+        def write(c: Any, product: tuple[Any, np.ndarray, Any]) -> None:  # writer thread: finish behind
+            finish, color_ref, st = product
+            with timer("composite"):
+                chunk_out = finish()
+            n_out = c.src_end - c.src_start
+            if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
+                raise MediaError(
+                    info.path,
+                    f"backend {backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
+                    f"of shot {plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
+                )
+            if not backend.applies_color:
+                with timer("colour"):
+                    chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
+            with timer("encode"):
+                if n_out:
+                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
+                        w.write(chunk_out)
+                checkpoints.commit(c.index, n_out, st)  # verified, then marked done
+
+        try:
+            waits = run_chunks(
+                todo,
+                read,
+                generate,
+                write,
+                depth=cfg.pipeline.queue,
+                overlap=cfg.pipeline.overlap,
+                on_done=on_progress and (lambda c: on_progress((c.index + 1) / len(plan.chunks))),
+            )
+            timer.add(waits)
+        finally:
+            session.close()
+            cursor.close()
+        session_timings = getattr(session, "timings", None)
+        if callable(session_timings):
+            timer.add(session_timings())
+    elif on_progress:
+        on_progress(1.0)
+
+    # 4. join, QC
+    written = [s for c, s in zip(plan.chunks, segments, strict=True) if c.src_end > c.src_start]
+    if not written:
+        raise DecodeError(info.path, f"shot {plan.shot_index} produced no frames")
+    with timer("join"):
+        _concat_copy(written, out, seg_dir)
+        result["file"] = record_written(out, plan.num_frames)  # verified on every reuse (done marker)
+    shutil.rmtree(seg_dir, ignore_errors=True)
+    if dubbed and cfg.qc.enabled:
+        with timer("qc"):
+            title = PREVIEW_LABEL if cfg.workspace.preview else None
+            result["qc"] = write_shot_qc(
+                info, plan, out, context.work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height,
+                title=title, decision=decision,
+            )  # fmt: skip
+    timer.totals["total"] = time.perf_counter() - t_start
+    result["timings_s"] = timer.rounded()
+    log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, reason)
+    return result
