@@ -150,7 +150,7 @@ def test_only_shots_whose_own_inputs_changed_re_render(tmp_path: Path, monkeypat
     code = tmp_path / "code"
     for part in ("flows", "tasks", "model", "configs"):
         shutil.copytree(REPO / part, code / part, ignore=shutil.ignore_patterns("__pycache__"))
-    render = code / "tasks" / "render.py"
+    render = code / "tasks" / "render" / "shot.py"
     render.write_text(render.read_text().replace('"""The per-shot unit', '"""(edited) The per-shot unit', 1))
     flow = code / "flows" / "dub_film.py"
     flow.write_text(flow.read_text().replace('"%s -> %s in %.1f s"', '"(edited) %s -> %s in %.1f s"', 1))
