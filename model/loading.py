@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from model.checkpoint import CheckpointError
-from model.weights import QUANTS, WeightsLayout, layout_for
+from model.weights import QUANTS, WeightsLayout, is_gguf, layout_for
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LoadSpec:
     clip_dtype: torch.dtype = torch.float16
     audio_dtype: torch.dtype = torch.float32
     t5_cpu: bool = False  # keep umT5 (~11 GB in bf16) on the CPU
-    quant: str = "none"  # none | fp8 | int8 (official quanto files; DiT only)
+    quant: str = "none"  # none | fp8 | int8 (official quanto files) | gguf-<tag> (`model.gguf`); DiT only
     loras: tuple[tuple[str, float], ...] = ()  # (safetensors path, scale), merged in order
     components: tuple[str, ...] = COMPONENTS
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.fp8`; Hopper `_scaled_mm`)
@@ -104,6 +104,11 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
     # host first when offloaded or converted to fp8 (then placed by `_place_dit`), so the
     # float DiT never sits on the device whole
     device = "cpu" if spec.offload or spec.fp8_compute else spec.device
+    if is_gguf(spec.quant):
+        from model.gguf import load_gguf_dit  # imports the gguf reader
+
+        files = [root / layout.gguf_dit_file(spec.quant), root / layout.dit_file(spec.quant, spec.multi)]
+        return load_gguf_dit(wan, files, dtype=spec.dtype, device=device)
     if spec.quant != "none":
         from model.quant import load_quant_dit  # imports optimum-quanto
 

@@ -114,27 +114,24 @@ class BlockOffload:
         cuda = self.device.type == "cuda"
         self._inner = list(blocks)
         self.host: list[torch.Tensor] = []
-        signature = None
-        for i, block in enumerate(self._inner):
+        self.layouts: list[list[_Entry]] = []  # per block: blocks of a mixed-type GGUF file differ
+        for block in self._inner:
             if prepare is not None:  # e.g. fp8 quantization on the device, one block at a time
                 prepare(block)
             entries, nbytes = _block_layout(block)
-            if signature is None:
-                self.entries, self.block_bytes = entries, nbytes
-                signature = [(e.module, e.name, e.shape, e.dtype) for e in entries]
-            elif [(e.module, e.name, e.shape, e.dtype) for e in entries] != signature:
-                raise ValueError(f"BlockOffload: block {i} has another parameter layout than block 0")
-            buf = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=cuda)
-            for view, tensor in zip(_views(buf, entries), self._tensors(block), strict=True):
+            self.layouts.append(entries)
+            buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+            for view, tensor in zip(_views(buf, entries), self._tensors(block, entries), strict=True):
                 view.copy_(tensor.detach())
                 tensor.data = view  # frees the original storage now: host peak = model + one block
             self.host.append(buf)
+        self.block_bytes = max(buf.numel() for buf in self.host)  # one slot holds any block
         self.device_buffers = [
             torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)
         ]
-        self.slot_views = [_views(buf, self.entries) for buf in self.device_buffers]
-        for block in self._inner:  # free the original storage: point every block at slot 0 for now
-            self._bind(block, 0)
+        self._slot_views: dict[tuple[int, int], list[torch.Tensor]] = {}  # (slot, block) -> views
+        for i in range(len(self._inner)):  # free the original storage: point every block at slot 0 for now
+            self._bind(i, 0)
         self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self.ready = [torch.cuda.Event() if cuda else None for _ in range(slots)]
         self.free = [torch.cuda.Event() if cuda else None for _ in range(slots)]
@@ -150,15 +147,20 @@ class BlockOffload:
 
     # --- tensor plumbing ---
 
-    def _tensors(self, block: nn.Module) -> list[torch.Tensor]:
+    @staticmethod
+    def _tensors(block: nn.Module, entries: list[_Entry]) -> list[torch.Tensor]:
         out = []
-        for e in self.entries:
+        for e in entries:
             owner = block.get_submodule(e.module) if e.module else block
             out.append(getattr(owner, e.name))
         return out
 
-    def _bind(self, block: nn.Module, slot: int) -> None:
-        for tensor, view in zip(self._tensors(block), self.slot_views[slot], strict=True):
+    def _bind(self, index: int, slot: int) -> None:
+        views = self._slot_views.get((slot, index))
+        if views is None:
+            views = _views(self.device_buffers[slot], self.layouts[index])
+            self._slot_views[(slot, index)] = views
+        for tensor, view in zip(self._tensors(self._inner[index], self.layouts[index]), views, strict=True):
             tensor.data = view
 
     # --- scheduling ---
@@ -170,11 +172,12 @@ class BlockOffload:
         slot = self._next_slot if self._next_slot != avoid else (self._next_slot + 1) % self.slots
         self._next_slot = (slot + 1) % self.slots
         if self.copy_stream is None:
-            self.device_buffers[slot].copy_(self.host[index])
+            self.device_buffers[slot][: self.host[index].numel()].copy_(self.host[index])
         else:
             with torch.cuda.stream(self.copy_stream):
                 self.copy_stream.wait_event(self.free[slot])  # the slot's last user has finished
-                self.device_buffers[slot].copy_(self.host[index], non_blocking=True)
+                host = self.host[index]
+                self.device_buffers[slot][: host.numel()].copy_(host, non_blocking=True)
                 self.ready[slot].record(self.copy_stream)
         self.slot_block[slot] = index
         return slot
@@ -184,7 +187,7 @@ class BlockOffload:
         slot = self._load(index, avoid=None)
         if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
-        self._bind(self._inner[index], slot)
+        self._bind(index, slot)
         self._current = slot
         self._load((index + 1) % len(self._inner), avoid=slot)  # wraps to block 0 for the next call
 
@@ -201,13 +204,13 @@ class BlockOffload:
         """Copy every block back into its own device tensors and unwrap the blocks."""
         if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
-        for block, host in zip(self._inner, self.host, strict=True):
-            for tensor, view in zip(self._tensors(block), _views(host, self.entries), strict=True):
+        for block, host, entries in zip(self._inner, self.host, self.layouts, strict=True):
+            for tensor, view in zip(self._tensors(block, entries), _views(host, entries), strict=True):
                 tensor.data = view.to(self.device, copy=True)
         self.model.blocks = nn.ModuleList(self._inner)
         self.host.clear()
         self.device_buffers.clear()
-        self.slot_views.clear()
+        self._slot_views.clear()
 
 
 # ---------------------------------------------------------------------------------------------
