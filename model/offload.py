@@ -309,11 +309,16 @@ def memo_bytes(height: int, width: int, frames: int, vae_dtype: torch.dtype) -> 
 
 
 def _meta_dit_sizes(
-    config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool
+    config: DiTConfig,
+    dtype: torch.dtype,
+    *,
+    fp8_blocks: bool,
+    quantized: bool,
+    gguf_bytes: float | None = None,
 ) -> tuple[nn.Module, Callable[[torch.Tensor], int]]:
     """A meta-device DiT and the device bytes of each of its tensors: floats at `dtype`; 1 byte per
     weight (+ a float32 scale per output row) for the block Linears with `fp8_blocks`, or for every
-    Linear of a quantized DiT."""
+    Linear of a quantized DiT; `gguf_bytes` per weight (block scales included) for a GGUF one's."""
     from model.dit import InfiniteTalkDiT  # keep `import model.offload` light
 
     with torch.device("meta"):
@@ -326,7 +331,7 @@ def _meta_dit_sizes(
 
     def nbytes(p: torch.Tensor) -> int:
         if id(p) in one_byte:
-            return p.numel() + 4 * p.shape[0]
+            return p.numel() + 4 * p.shape[0] if gguf_bytes is None else math.ceil(p.numel() * gguf_bytes)
         return p.numel() * (dtype.itemsize if p.is_floating_point() else p.element_size())
 
     return model, nbytes
@@ -339,10 +344,17 @@ def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool,
 
 
 def dit_weight_split(
-    config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool
+    config: DiTConfig,
+    dtype: torch.dtype,
+    *,
+    fp8_blocks: bool,
+    quantized: bool,
+    gguf_bytes: float | None = None,
 ) -> tuple[int, int]:
     """(bytes of the DiT's weights outside its blocks, bytes of one block as `BlockOffload` lays it out)."""
-    model, nbytes = _meta_dit_sizes(config, dtype, fp8_blocks=fp8_blocks, quantized=quantized)
+    model, nbytes = _meta_dit_sizes(
+        config, dtype, fp8_blocks=fp8_blocks, quantized=quantized, gguf_bytes=gguf_bytes
+    )
     tensors = [*model.named_parameters(), *model.named_buffers()]
     rest = sum(nbytes(p) for n, p in tensors if not n.startswith("blocks."))
     block = model.blocks[0]

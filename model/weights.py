@@ -295,6 +295,21 @@ def verify_weights(
 # GGUF files (`model.gguf`): readable, architecture "wan", data within the file, the tag's weight type
 
 GGUF_MAIN_TYPE = {"Q8_0": 8, "Q6_K": 14, "Q5_K": 13, "Q4_K": 12, "F16": 1, "BF16": 30}  # ggml type ids
+# bytes per weight of a tag's main type (block scales included: 34 B / 32, 210, 176, 144 B / 256)
+GGUF_BYTES_PER_WEIGHT = {
+    "Q8_0": 34 / 32,
+    "Q6_K": 210 / 256,
+    "Q5_K": 176 / 256,
+    "Q4_K": 144 / 256,
+    "F16": 2.0,
+    "BF16": 2.0,
+}
+
+
+def gguf_bytes_per_weight(quant: str) -> float:
+    """Device bytes per quantized-Linear weight of a `gguf-<tag>` DiT (its tag's main type)."""
+    tag = quant.removeprefix("gguf-")
+    return GGUF_BYTES_PER_WEIGHT[tag[:4] if tag.startswith(("Q4_K", "Q5_K")) else tag]
 
 
 def check_gguf(path: Path, quant: str) -> list[str]:

@@ -237,3 +237,15 @@ def test_backend_dubs_identically_with_offload_and_tiles_when_asked(
     assert any("in 32 px tiles every 24 px (vae_tiling: true)" in r.getMessage() for r in caplog.records)
     a, b = decode_all(plain["path"]).astype(np.int16), decode_all(tiled["path"]).astype(np.int16)
     assert a.shape == b.shape and not np.array_equal(a, b)
+
+
+def test_gguf_dits_are_estimated_at_their_bytes_per_weight():
+    """A GGUF DiT's quantized Linears count at their type's bytes (Q4_K 144 B / 256 weights): Q4_K <
+    int8 (1 byte + a scale per row) < Q8_0 (34 B / 32) < bf16; the Q4_K quality preset fits 24 GiB resident."""
+    need = {q: memory_need(_opts(mode="infinitetalk-480", quant=q), "cuda:0").dit_resident
+            for q in ("gguf-Q4_K_M", "gguf-Q8_0", "int8", "none", "gguf-BF16")}  # fmt: skip
+    assert need["gguf-Q4_K_M"] < need["int8"] < need["gguf-Q8_0"] < need["none"] == need["gguf-BF16"]
+    assert abs(need["gguf-Q4_K_M"] / need["gguf-Q8_0"] - (144 / 256) / (34 / 32)) < 0.05
+    assert not offload_decision(
+        _opts(mode="infinitetalk-480", quant="gguf-Q4_K"), "cuda:0", limit_bytes=24 * GIB
+    ).offload

@@ -202,6 +202,7 @@ def memory_need(
         memo_bytes,
         working_bytes_per_token,
     )
+    from model.weights import gguf_bytes_per_weight, is_gguf
     from tasks.picture.geometry import BUCKET_TABLES
 
     tiny = opts.mode == "tiny"
@@ -212,7 +213,9 @@ def memory_need(
     fp8 = fp8_flags(opts, device)[0] if fp8 is None else fp8
     dtype = torch.float32 if tiny else getattr(torch, opts.dtype)
     config = DIT_PRESETS["tiny" if tiny else "infinitetalk-14b"]
-    rest, block = dit_weight_split(config, dtype, fp8_blocks=fp8, quantized=opts.quant != "none")
+    gguf = gguf_bytes_per_weight(opts.quant) if is_gguf(opts.quant) else None
+    quantized = opts.quant != "none" and opts.quant not in ("gguf-F16", "gguf-BF16")
+    rest, block = dit_weight_split(config, dtype, fp8_blocks=fp8, quantized=quantized, gguf_bytes=gguf)
     vae_dtype = getattr(torch, opts.vae_dtype or "float32")
     other = 0 if tiny else OTHER_MODELS_BYTES + (0 if opts.t5_cpu else T5_BYTES)
     other += memo_bytes(h, w, frame_num, vae_dtype)
