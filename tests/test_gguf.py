@@ -163,3 +163,39 @@ def test_damaged_or_foreign_gguf_files_fail_naming_the_file(float_root, tmp_path
         _gguf_dit(float_root, "Q8_0")
     with pytest.raises(ValueError, match="LoRAs cannot be merged"):
         LoadSpec.cpu_float32(quant="gguf-Q8_0", loras=(("x.safetensors", 1.0),))
+
+
+def test_gguf_linear_compiles_with_inductor_and_fp8_is_off_for_gguf():
+    """The per-call dequantization traces into one graph (inductor, as `compile_blocks` compiles a block):
+    same output as eager. The fp8 GEMMs stay off for a GGUF DiT (they would re-expand its blocks)."""
+    from tasks.config import load_config
+    from tasks.infinitetalk.options import fp8_flags
+
+    x = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
+    lin = GGUFLinear(torch.from_numpy(quantize(x, Q4_K)), Q4_K, 256, torch.zeros(64), torch.float32)
+    inp = torch.randn(3, 256)
+    compiled = torch.compile(lin, backend="inductor", fullgraph=True)
+    assert torch.equal(compiled(inp), lin(inp))
+    torch._dynamo.reset()
+    opts = dataclasses.replace(load_config().infinitetalk, mode="infinitetalk-480", fp8_compute=True)
+    assert fp8_flags(dataclasses.replace(opts, quant="gguf-Q4_K"), "cuda:0")[0] is False
+    assert fp8_flags(opts, "cuda:0")[0] is True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_gguf_dequantizes_on_the_device_and_streams(float_root):
+    """On the GPU: the quantized bytes live on the device (or its offload slots) and dequantize there; the
+    bf16 outputs agree with the CPU float32 load within bf16 rounding, offloaded equal resident."""
+    write_tiny_gguf(float_root, "Q4_K")
+    base = {"device": "cuda", "components": ("dit",), "dtype": torch.bfloat16, "quant": "gguf-Q4_K"}
+    resident = load_models(float_root, LoadSpec(**base)).dit
+    assert all(m.qweight.is_cuda for m in resident.modules() if isinstance(m, GGUFLinear))
+    offloaded = load_models(float_root, LoadSpec(**base, offload=True)).dit
+    cpu = _gguf_dit(float_root, "Q4_K")
+    args = _args(CONFIG, seed=1)
+    with torch.no_grad():
+        ref = cpu(*args)
+        out = resident(*[a.cuda() for a in args]).float().cpu()
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < 5e-2
+        assert torch.equal(offloaded(*[a.cuda() for a in args]), resident(*[a.cuda() for a in args]))

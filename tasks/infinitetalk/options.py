@@ -141,13 +141,16 @@ def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
 
 def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     """(fp8 GEMMs, fp8 attention) on `device`: `auto` is on where supported (CUDA sm90+; fp8 attention
-    also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU."""
+    also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU. A GGUF DiT keeps its
+    block formats (fp8 GEMMs would re-expand a Q4_K weight to a byte): no fp8 GEMMs."""
     import torch
+
+    from model.weights import is_gguf
 
     if opts.mode == "tiny" or not device.startswith("cuda"):
         return False, False
-    gemm = bool(opts.fp8_compute)
-    if opts.fp8_compute == "auto":  # only `auto` asks the device
+    gemm = bool(opts.fp8_compute) and not is_gguf(opts.quant)
+    if opts.fp8_compute == "auto" and not is_gguf(opts.quant):  # only `auto` asks the device
         gemm = torch.cuda.get_device_capability(device) >= (9, 0)
     if opts.fp8_attention == "auto":
         from model.cudnn_attention import fp8_supported
