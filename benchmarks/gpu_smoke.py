@@ -10,7 +10,15 @@ split is exact). Runs (each in its own process, so model load and peak memory ar
   * default: the default config; `--default-steps N` (default 2) sampling steps instead of 40, as the DiT
     time scales linearly with steps (the JSON has seconds per DiT call);
   * fast: `infinitetalk.preset: fast` plus the root's step-distill LoRA (benchmarks/real_root.py writes
-    a random one in the lightx2v format).
+    a random one in the lightx2v format);
+  * real: a real talking head (tests/data/talking/head1.mp4 looped, scaled onto a 1920x1080 frame) with
+    the default gate and region mode and the fast preset; its dub decision (face analysis, region plan)
+    is taken by the planning step (`prepare_decision`, as a film run prepares shots) before the load's
+    warm-up, which then compiles at every model size the decision uses (the face-crop bucket);
+  * gguf: the `--gguf Q8_0|Q4_K` random real-size GGUF root (`real_root.write_gguf_root`: the DiT as GGUF,
+    the rest symlinked from the root) at `--default-steps` steps (no LoRA merges into GGUF).
+`--cap-gib N` caps each run's CUDA allocator at N GiB (`torch.cuda.set_per_process_memory_fraction`,
+benchmarks/smoke_real.py) before anything is allocated: the H200 as a 24 or 16 GiB card.
 The shot: 10 s of 1280x720 at 24 fps (a moving test pattern, H.264; `--clip FILE` uses a given one) with
 the committed test speech repeated as the dub.
 Reported per run: model load (process start + imports, DiT/VAE/CLIP to the GPU, then the load's compile
@@ -51,16 +59,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 T_LAUNCH = float(os.environ.get("GPU_SMOKE_T0", time.time()))  # set by the parent: process start
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from smoke_real import apply_cap, make_real_shot, planned_sizes, real_overrides  # noqa: E402
+from smoke_vae import vae_drift  # noqa: E402
+
 log = logging.getLogger("gpu_smoke")
 
-RUNS = ("default", "fast", "vae")  # also: fast-seq (the fast run with pipeline.overlap: false)
+RUNS = ("default", "fast", "vae")  # also: fast-seq (fast with pipeline.overlap: false), real, gguf
 
 
 def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespace) -> list[str]:
@@ -71,6 +80,12 @@ def run_overrides(name: str, root: str, lora: str | None, args: argparse.Namespa
     ]  # fmt: skip
     out += ["infinitetalk.device=cpu"] if args.tiny else ["infinitetalk.mode=infinitetalk-480"]
     out += [f"infinitetalk.gpus_per_shot={args.gpus_per_shot}"] if args.gpus_per_shot > 1 else []
+    if name == "real":  # a real face, the default gate and region mode, the fast preset (smoke_real.py)
+        return real_overrides(out) + list(args.set or [])
+    if name == "gguf":  # the GGUF root of --gguf (no LoRA merges into GGUF: the quality preset's steps)
+        out = [o for o in out if not o.startswith("infinitetalk.weights=")]
+        out += [f"infinitetalk.weights={args.work}/weights-gguf", f"infinitetalk.quant=gguf-{args.gguf}"]
+        out.append(f"infinitetalk.steps={args.default_steps}")
     if name == "default":
         out.append(f"infinitetalk.steps={args.default_steps}")
     elif name.startswith("fast"):  # the step-distill LoRA is found in the root by the preset itself
@@ -147,7 +162,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.infinitetalk.session import sampler_settings
     from tasks.infinitetalk.timing import Stopwatch
     from tasks.infinitetalk.tiny import tiny_hw
-    from tasks.infinitetalk.warmup import warm_up
+    from tasks.infinitetalk.warmup import warm_up_sizes
     from tasks.media.audio import prepare_dialogue
     from tasks.media.probe import probe
     from tasks.picture.geometry import ModelGeometry
@@ -156,6 +171,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.timeline.shots import Shot
 
     import_s = time.time() - T_LAUNCH
+    cap = apply_cap(args.cap_gib) if args.cap_gib and not args.tiny else None  # before any allocation
     work = Path(args.work)
     meta = json.loads((work / "root.json").read_text())
     cfg = load_config(overrides=run_overrides(args.one, meta["root"], meta["lora"], args))
@@ -175,7 +191,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     models_s = time.perf_counter() - t0
 
-    info = probe(work / "shot.mp4")
+    info = probe(work / ("real.mp4" if args.one == "real" else "shot.mp4"))
     run_dir = work / f"run-{args.one}"
     track = prepare_dialogue(
         work / "dub.wav",
@@ -185,12 +201,22 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         out_wav=work / f"d-{args.one}.wav",
     )
     plan = plan_shot(Shot(0, 0, info.frame_count), info.fps, cfg.plan)
-    # the rest of the model load: the compile warm-up at the shot's model size (what the session runs
-    # under "load" when the models are not warm yet), so the shot below is a resident worker's shot
+    job = ShotJob(
+        info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / "out.mkv"),
+        cfg.to_dict(), work_dir=str(run_dir),
+    )  # fmt: skip
+    # the rest of the model load: the compile warm-up at every model size the shot uses (what the session
+    # runs under "load" when the models are not warm yet), so the shot below is a resident worker's shot;
+    # `real`: the planning step's decision first (face analysis on the CPU, kept for the render)
     geometry = ModelGeometry.for_video(info, cfg.frames.bucket)
-    model_hw = tiny_hw(geometry.model_hw) if backend.tiny else geometry.model_hw
+    sizes = [tiny_hw(geometry.model_hw) if backend.tiny else geometry.model_hw]
     t0 = time.perf_counter()
-    warm_up(backend, model_hw, sampler_settings(backend.opts, cfg, plan, tiny=backend.tiny))
+    if args.one == "real":
+        decision, sizes = planned_sizes(job, backend, cfg, info, plan, backend.tiny)
+        log.info("planned decision: %s; model sizes %s", decision and decision.reason, sizes)
+    plan_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    warm_up_sizes(backend, sizes, sampler_settings(backend.opts, cfg, plan, tiny=backend.tiny))
     warmup_s = time.perf_counter() - t0
     # once per film, not per shot: umT5 prompt embedding + wav2vec2 features of the whole dub track
     film_watch = Stopwatch("cpu", False)
@@ -199,10 +225,6 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     backend.audio_features_file(run_dir / "film", Path(track.path), film_watch)
     film_s = time.perf_counter() - t0
     calls.clear()  # the warm-up's and the film preparation's DiT calls belong to the load
-    job = ShotJob(
-        info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / "out.mkv"),
-        cfg.to_dict(), work_dir=str(run_dir),
-    )  # fmt: skip
     chunk_ends: list[float] = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -268,6 +290,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             ),  # at load: two synthetic chunks (tasks.infinitetalk.warmup)
             "chunk1_extra_s": None if warmup is None else round(warmup, 1),  # chunk 1 wall - fastest chunk
             "film_prep_s": round(film_s, 1),  # once per film: umT5 + wav2vec2 load, prompt + audio features
+            "plan_s": round(plan_s, 1),  # `real`: the planning step's decision (face analysis), off the GPU
+            "warmup_sizes": [list(hw) for hw in sizes],
             "total_s": round(import_s + models_s + warmup_s, 1),
         },
         "chunk_walls_s": walls,
@@ -284,99 +308,14 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_nvml_gib": sampler.peak_used_gib(),
         "peak_nvml_gib_per_gpu": [g.peak_used_gib() for g in (sampler, *others)],
         "gpus_per_shot": args.gpus_per_shot,
+        "cap_gib": args.cap_gib,
+        "cap_fraction": cap,
         "frames_sha256": frames_digest(Path(result["path"])),  # the same frames on 1 and N GPUs?
         "gpu_s_per_video_s": round(shot_s / seconds, 2),
         "gpu_s_per_video_s_steady": round(statistics.median(walls[1:]) / new_s, 2)
         if len(walls) > 1
         else None,
     }
-
-
-def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
-    """The root's VAE in float32 and bfloat16 on one 81-frame chunk of the shot at the 480P bucket:
-    encode + decode seconds of each, and the bf16 drift (relative L2 vs float32) of latents and pixels."""
-    import torch
-
-    from model.vae import load_vae
-    from model.weights import WeightsLayout
-    from tasks.media.frames import read_frames
-    from tasks.media.probe import probe
-
-    work = Path(args.work)
-    meta = json.loads((work / "root.json").read_text())
-    lay = WeightsLayout()
-    info = probe(work / "shot.mp4")
-    n = min(info.frame_count, 81 if not args.tiny else 9)
-    got = read_frames(info, list(range(n)))
-    video = torch.from_numpy(np.stack([got[i] for i in range(n)])).permute(3, 0, 1, 2).float() / 127.5 - 1.0
-    hw = (448, 896) if not args.tiny else (64, 128)
-    video = torch.nn.functional.interpolate(video, size=hw, mode="bilinear")[None]  # (1, 3, T, H, W)
-    cuda = torch.cuda.is_available() and not args.tiny
-    device = "cuda:0" if cuda else "cpu"
-    out: dict[str, Any] = {"run": "vae", "frames": n, "size": f"{hw[1]}x{hw[0]}"}
-    ref: dict[str, torch.Tensor] = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        vae = load_vae(Path(meta["root"]) / lay.wan_dir / lay.vae, dtype=dtype, device=device)
-        with torch.no_grad():
-            for _ in range(1 + cuda):  # a warm-up pass on the GPU
-                t0 = time.perf_counter()
-                z = vae.encode(video)
-                torch.cuda.synchronize() if cuda else None
-                t1 = time.perf_counter()
-                x = vae.decode(z)
-                torch.cuda.synchronize() if cuda else None
-                t2 = time.perf_counter()
-        name = str(dtype).removeprefix("torch.")
-        out[name] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
-        out[name] |= reference_reuse(vae, video, cuda)
-        if dtype == torch.float32:
-            ref = {"z": z.float(), "x": x.float()}
-        else:
-            for k, v in (("z", z), ("x", x)):
-                out[name][f"drift_{k}"] = float((v.float() - ref[k]).norm() / ref[k].norm())
-        if cuda and dtype == torch.bfloat16:  # the same with cuDNN's autotuner (the warm-up turns it on)
-            torch.backends.cudnn.benchmark = True
-            with torch.no_grad():
-                for _ in range(2):
-                    t0 = time.perf_counter()
-                    vae.encode(video)
-                    torch.cuda.synchronize()
-                    t1 = time.perf_counter()
-                    vae.decode(z)
-                    torch.cuda.synchronize()
-                    t2 = time.perf_counter()
-            out[name]["cudnn_benchmark"] = {"encode_s": round(t1 - t0, 3), "decode_s": round(t2 - t1, 3)}
-            out[name]["cudnn_benchmark"] |= reference_reuse(vae, video, cuda)
-            torch.backends.cudnn.benchmark = False
-        del vae
-    return out
-
-
-def reference_reuse(vae: Any, video: Any, cuda: bool) -> dict[str, Any]:
-    """The conditioning clip [frame, zeros] of the video's first and last frames: full encode vs
-    `encode_reference` (first call fills the memo, second reuses it): seconds, and bit-identity."""
-    import torch
-
-    from model.vae import ZeroTailMemo
-
-    memo, out = ZeroTailMemo(), {}
-    n = video.shape[2]
-    for name, ref in (("fill", video[:, :, :1]), ("reuse", video[:, :, -1:])):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            full = vae.encode(torch.cat([ref, torch.zeros_like(video[:, :, 1:])], dim=2))
-            torch.cuda.synchronize() if cuda else None
-            t1 = time.perf_counter()
-            got = vae.encode_reference(ref, n, memo)
-            torch.cuda.synchronize() if cuda else None
-            t2 = time.perf_counter()
-        out[f"ref_{name}"] = {
-            "full_s": round(t1 - t0, 3),
-            "memo_s": round(t2 - t1, 3),
-            "equal": torch.equal(full, got),
-        }
-    out["memo_gib"] = round(sum(x.numel() * x.element_size() for _, x in memo.steps.values()) / 2**30, 3)
-    return out
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -392,6 +331,15 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     else:
         meta = write_real_root(work / "weights", tiny=args.tiny)
         meta_file.write_text(json.dumps(meta))
+    runs = args.runs.split(",")
+    if "gguf" in runs and not (work / "weights-gguf").is_dir():
+        if not args.gguf:
+            raise SystemExit("gpu_smoke: the gguf run needs --gguf Q8_0|Q4_K")
+        from real_root import write_gguf_root
+
+        meta["gguf"] = write_gguf_root(work / "weights-gguf", meta["root"], args.gguf, tiny=args.tiny)
+    if "real" in runs and not (work / "real.mp4").is_file():
+        make_real_shot(work / "real.mp4", args.seconds, (640, 360) if args.tiny else (1920, 1080))
     if args.clip:
         shutil.copyfile(args.clip, work / "shot.mp4")
     elif not (work / "shot.mp4").is_file():
@@ -438,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=540, help="seconds per run")
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--gpus-per-shot", type=int, default=1, help="infinitetalk.gpus_per_shot of every run")
+    p.add_argument("--cap-gib", type=float, default=None, help="cap the CUDA allocator (a 24 / 16 GiB card)")
+    p.add_argument("--gguf", default=None, help="the gguf run's random real-size root type: Q8_0 | Q4_K")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one run in this process
     args = p.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.tiny else 10.0)
@@ -466,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         cmd += ["--tiny"] if args.tiny else []
         cmd += ["--gpus-per-shot", str(args.gpus_per_shot)]
+        cmd += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
+        cmd += ["--gguf", args.gguf] if args.gguf else []
         for s in args.set or []:
             cmd += ["--set", s]
         env = {**os.environ, "GPU_SMOKE_T0": repr(time.time())}

@@ -193,3 +193,54 @@ def write_real_root(
         "bytes": nbytes,
         "write_s": round(time.perf_counter() - t0, 1),
     }
+
+
+def write_gguf_root(
+    root: Path | str, base: Path | str, tag: str, *, seed: int = 0, tiny: bool = False
+) -> dict:
+    """A random GGUF root for `infinitetalk.quant: gguf-<tag>` next to a written `base` root: the DiT as
+    the GGUF pair of `model.weights.WeightsLayout` (random valid blocks of `tag`'s type, written tensor
+    by tensor, `model.gguf_write.write_gguf_stream`; floats fan-in scaled as `_random`), everything else
+    (config.json, VAE, umT5, tokenizer, CLIP, wav2vec2) symlinked from `base`. `tiny`: the tiny DiT
+    (`base` must be a tiny root). Returns {"root", "bytes", "write_s"}."""
+    import numpy as np
+
+    from model.config import DIT_PRESETS
+    from model.dit import InfiniteTalkDiT
+    from model.gguf import BLOCKS
+    from model.gguf_write import TYPES, random_quantized, write_gguf_stream
+    from model.tiny import is_audio_key
+    from model.weights import WeightsLayout
+
+    t0 = time.perf_counter()
+    root, base = Path(root), Path(base)
+    layout = WeightsLayout()
+    quant = f"gguf-{tag}"
+    qtype = TYPES[tag[:4] if tag.startswith(("Q4_K", "Q5_K")) else tag]
+    (root / layout.wan_dir).mkdir(parents=True, exist_ok=True)
+    for item in (base / layout.wan_dir).iterdir():  # every non-DiT file of the base root
+        if (
+            not item.name.startswith("diffusion_pytorch_model")
+            and not (root / layout.wan_dir / item.name).exists()
+        ):
+            (root / layout.wan_dir / item.name).symlink_to(item.resolve())
+    if not (root / layout.wav2vec_dir).exists():
+        (root / layout.wav2vec_dir).symlink_to((base / layout.wav2vec_dir).resolve())
+    config = DIT_PRESETS["tiny" if tiny else "infinitetalk-14b"]
+    with torch.device("meta"):
+        params = [(n, tuple(p.shape)) for n, p in InfiniteTalkDiT(config).named_parameters()]
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(name: str, shape: tuple[int, ...], kind: int) -> np.ndarray:
+        fan_in = shape[-1] if name.endswith("modulation") else math.prod(shape[1:])
+        if kind in BLOCKS:  # a Linear weight: random valid blocks of std 1/sqrt(fan_in)
+            return random_quantized(shape, kind, fan_in**-0.5, rng)
+        return _random(name, shape, gen, "cpu", torch.float32).numpy()
+
+    wan_items = sorted((n, s) for n, s in params if not is_audio_key(n))
+    audio_items = sorted((n, s) for n, s in params if is_audio_key(n))
+    nbytes = write_gguf_stream(root / layout.gguf_dit_file(quant), wan_items, make, qtype)
+    log.info("GGUF DiT %s written (%.1f GB)", tag, nbytes / 1e9)
+    nbytes += write_gguf_stream(root / layout.dit_file(quant), audio_items, make, qtype)
+    return {"root": str(root), "bytes": nbytes, "write_s": round(time.perf_counter() - t0, 1)}

@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--to", default="weights", metavar="DIR")
     for p in (verify, download):
         p.add_argument("--mode", default="infinitetalk-480", help="infinitetalk-480 | infinitetalk-720")
-        p.add_argument("--quant", default="none", help="none | fp8 | int8")
+        p.add_argument(
+            "--quant", default="none", help="none | fp8 | int8 | gguf-<tag> (gguf-Q8_0, gguf-Q4_K_M, ...)"
+        )
         p.add_argument(
             "--multi", action="store_true", help="also the multi-person checkpoint (two speakers at once)"
         )

@@ -142,49 +142,67 @@ def _scaled_mm_takes_bias(device: torch.device) -> bool:
     return True
 
 
+def fp8_options(device: torch.device | str, use_scaled_mm: bool | None = None) -> dict[str, bool]:
+    """`Fp8Linear` keyword arguments for layers that run on `device` (`use_scaled_mm=None`: the fp8 GEMM
+    where the device supports it; whether its `_scaled_mm` takes the bias is asked once here)."""
+    device = torch.device(device)
+    if use_scaled_mm is None:
+        use_scaled_mm = fp8_matmul_supported(device)
+    return {
+        "use_scaled_mm": use_scaled_mm,
+        "fused_bias": _scaled_mm_takes_bias(device) if use_scaled_mm else True,
+    }
+
+
 def convert_to_fp8(
     model: nn.Module,
     *,
     use_scaled_mm: bool | None = None,
     include: str = "blocks.",
     device: torch.device | str | None = None,
+    place: torch.device | str | None = None,
+    options: dict[str, bool] | None = None,
 ) -> int:
-    """Replace every Linear under `include` (default: the transformer blocks) with an `Fp8Linear`.
+    """Replace every Linear under `include` (default: the transformer blocks; "" = all) with an `Fp8Linear`.
 
     Float Linears are quantized (per-output-channel scales); `model.quant.DequantLinear`s holding
     official fp8 data are converted without requantizing (int8 ones are requantized from their
     dequantized weight). The embeddings, time MLP and head stay as they are (tiny share of the FLOPs,
     and the official float32 islands read their weights). `use_scaled_mm=None` picks the fp8 GEMM when
-    the run device supports it. Works block by block, so peak extra memory is one float32 weight.
-    `device`: where the layers will run (default: the model's device); each layer is quantized there
-    and put back where it was, so a host-resident model (block offload) is converted exactly as a
-    resident one would be. Returns the number of converted layers.
+    the run device supports it (`options`: precomputed `fp8_options`, for block-by-block callers).
+    `device`: where each layer is quantized (default: the model's device), so a host-resident model
+    gets exactly the bits a resident one would. `place`: where each converted layer goes (default:
+    where the float layer was). Layer by layer, holding no reference to a converted float layer:
+    the extra memory on `device` is one float weight at a time. Returns the number of converted layers.
     """
     from model.quant import DequantLinear  # quant imports the DiT; keep fp8 light
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    if use_scaled_mm is None:
-        use_scaled_mm = fp8_matmul_supported(device)
-    fused_bias = _scaled_mm_takes_bias(device) if use_scaled_mm else True
-    targets = [
-        (name, m)
+    kwargs = options if options is not None else fp8_options(device, use_scaled_mm)
+    names = [
+        name
         for name, m in model.named_modules()
         if name.startswith(include) and isinstance(m, nn.Linear) and not isinstance(m, Fp8Linear)
     ]
-    for name, m in targets:
-        kwargs = {"use_scaled_mm": use_scaled_mm, "fused_bias": fused_bias}
-        home = next(m.buffers(), None) if isinstance(m, DequantLinear) else m.weight
-        home = home.device if home is not None else device
-        m.to(device)  # the layer is replaced below: moving it in place costs no second copy
-        if isinstance(m, DequantLinear) and m.data_dtype == FP8_DTYPE:
-            data = m.weight_data.view(FP8_DTYPE)
-            new = Fp8Linear(data, m.weight_scale.reshape(-1), m.bias, **kwargs)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        m = getattr(parent, child)
+        if isinstance(m, DequantLinear):
+            home = m.weight_data.device
+            m.to(device)  # 1 byte per weight; replaced below, so the move costs no second copy
+            if m.data_dtype == FP8_DTYPE:
+                data, scale = m.weight_data.view(FP8_DTYPE), m.weight_scale.reshape(-1)
+            else:
+                data, scale = quantize_weight(m.weight)
         else:
-            new = Fp8Linear.from_linear(m, **kwargs)
-        new.to(home)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
-    log.info(
-        "fp8: %d Linears converted (%s)", len(targets), "torch._scaled_mm" if use_scaled_mm else "emulated"
+            home = m.weight.device
+            data, scale = quantize_weight(m.weight.to(device))  # a transient copy on `device`
+        bias = None if m.bias is None else m.bias.to(device)
+        new = Fp8Linear(data, scale, bias, **kwargs).to(home if place is None else place)
+        setattr(parent, child, new)
+        del m, data, scale, bias
+    log.debug(
+        "fp8: %d Linears converted (%s)", len(names), "scaled_mm" if kwargs["use_scaled_mm"] else "emulated"
     )
-    return len(targets)
+    return len(names)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from model.checkpoint import CheckpointError
-from model.weights import QUANTS, WeightsLayout, layout_for
+from model.weights import QUANTS, WeightsLayout, is_gguf, layout_for
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,15 @@ class LoadSpec:
     clip_dtype: torch.dtype = torch.float16
     audio_dtype: torch.dtype = torch.float32
     t5_cpu: bool = False  # keep umT5 (~11 GB in bf16) on the CPU
-    quant: str = "none"  # none | fp8 | int8 (official quanto files; DiT only)
+    quant: str = "none"  # none | fp8 | int8 (official quanto files) | gguf-<tag> (`model.gguf`); DiT only
     loras: tuple[tuple[str, float], ...] = ()  # (safetensors path, scale), merged in order
     components: tuple[str, ...] = COMPONENTS
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.fp8`; Hopper `_scaled_mm`)
     compile: bool = False  # torch.compile each DiT block once (`model.compile`; regional compilation)
     fp8_attention: bool = False  # DiT self-attention as cuDNN's fp8 kernel (`model.cudnn_attention`; Hopper)
-    # DiT blocks streamed from pinned host memory (`model.offload.BlockOffload`): the DiT is built,
-    # LoRA-merged and fp8-converted on the host, so its full weights never sit on the device at once
+    # DiT blocks streamed from pinned host memory (`model.offload.BlockOffload`): the DiT is built and
+    # LoRA-merged on the host, fp8-converted block by block on the device as the blocks are pinned, so
+    # its full weights never sit on the device at once
     offload: bool = False
     # the DiT from the multi (two-person) checkpoint (`WeightsLayout.multi`, same keys as single)
     multi: bool = False
@@ -100,7 +101,14 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
     from model.lora import merge_lora
 
     wan = root / layout.wan_dir
-    device = "cpu" if spec.offload else spec.device  # offload: host first, placed by _offload_dit
+    # host first when offloaded or converted to fp8 (then placed by `_place_dit`), so the
+    # float DiT never sits on the device whole
+    device = "cpu" if spec.offload or spec.fp8_compute else spec.device
+    if is_gguf(spec.quant):
+        from model.gguf import load_gguf_dit  # imports the gguf reader
+
+        files = [root / layout.gguf_dit_file(spec.quant), root / layout.dit_file(spec.quant, spec.multi)]
+        return load_gguf_dit(wan, files, dtype=spec.dtype, device=device)
     if spec.quant != "none":
         from model.quant import load_quant_dit  # imports optimum-quanto
 
@@ -112,17 +120,36 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
     return dit
 
 
-def _offload_dit(dit: nn.Module, device: str) -> None:
-    """Host-resident DiT -> everything but the blocks on `device`, the blocks behind a BlockOffload."""
+def _place_dit(dit: nn.Module, spec: LoadSpec) -> None:
+    """Host-built DiT -> the run device: fp8 block Linears quantized on the device one layer at a time;
+    with offload, block by block as each block goes to pinned host memory (`BlockOffload`'s `prepare`),
+    everything but the blocks on the device. Peak device memory: the converted weights (resident) or
+    one block's float weights + the slots (offload), never the whole float DiT."""
+    from model.fp8 import convert_to_fp8, fp8_options
     from model.offload import BlockOffload
 
+    device = spec.device
+    options = fp8_options(device) if spec.fp8_compute else None
+    if not spec.offload:
+        if options is not None:
+            n = convert_to_fp8(dit, device=device, place=device, options=options)
+            log.info("DiT: %d block linears run as fp8 GEMMs", n)
+        dit.to(device)
+        return
     blocks = dit.blocks
     dit.blocks = nn.ModuleList()  # move the rest (embeddings, head, audio projection) without them
     try:
         dit.to(device)
     finally:
         dit.blocks = blocks
-    BlockOffload(dit, device)
+    counts: list[int] = []
+
+    def prepare(block: nn.Module) -> None:
+        counts.append(convert_to_fp8(block, include="", device=device, place="cpu", options=options))
+
+    BlockOffload(dit, device, prepare=prepare if options is not None else None)
+    if options is not None:
+        log.info("DiT: %d block linears run as fp8 GEMMs (quantized block by block)", sum(counts))
 
 
 def _cross_check(models: Models, root: Path, layout: WeightsLayout) -> None:
@@ -171,13 +198,8 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
                 "DiT block offload %s (%s)", "on" if spec.offload else "off", spec.offload_reason or "set"
             )
         models.dit = _load_dit(root, layout, spec)
-        if spec.fp8_compute:
-            from model.fp8 import convert_to_fp8
-
-            n = convert_to_fp8(models.dit, device=spec.device)  # quantized on the run device
-            log.info("DiT: %d block linears run as fp8 GEMMs", n)
-        if spec.offload:
-            _offload_dit(models.dit, spec.device)
+        if spec.offload or spec.fp8_compute:
+            _place_dit(models.dit, spec)
         if spec.fp8_attention:
             from model.cudnn_attention import fp8_supported
 

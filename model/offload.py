@@ -17,14 +17,17 @@ same slot logic runs synchronously on the CPU.
 decode needs.
 
 `decide_offload` is the `auto` rule of `infinitetalk.offload`: offload when the device is smaller than
-what a resident run needs (`resident_need`: DiT weight bytes from `dit_weight_bytes` + a working set per
-token measured on the H200 + the other models), never on a CPU. Pure functions: testable without a GPU.
+what a resident run needs (`MemoryNeed`: DiT weight bytes from `dit_weight_split` + a working set per
+token measured on the H200 + the other models + the conditioning-encode memo), never on a CPU; one
+`DeviceMemoryError` line when even an offloaded run (the weights outside the blocks + two block slots)
+does not fit. Pure functions: testable without a GPU.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,10 +90,19 @@ class BlockOffload:
 
     Usage: `offload = BlockOffload(model, device="cuda")` after the rest of the model is on the device
     (blocks may be on the device or the host; they end up in pinned host memory and their device
-    copies are freed). `offload.remove()` puts every block back on the device.
+    copies are freed). `prepare(block)` runs on each block right before it is pinned (the fp8
+    conversion of a host-built DiT: one block's float weights on the device at a time, never the
+    whole DiT). `offload.remove()` puts every block back on the device.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str, *, slots: int = 2):
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device | str,
+        *,
+        slots: int = 2,
+        prepare: Callable[[nn.Module], None] | None = None,
+    ):
         if slots < 2:
             raise ValueError(f"BlockOffload needs at least 2 slots (one computes, one loads), got {slots}")
         blocks = model.blocks
@@ -99,26 +111,27 @@ class BlockOffload:
         self.model = model
         self.device = torch.device(device)
         self.slots = slots
-        self.entries, self.block_bytes = _block_layout(blocks[0])
-        signature = [(e.module, e.name, e.shape, e.dtype) for e in self.entries]
         cuda = self.device.type == "cuda"
         self._inner = list(blocks)
         self.host: list[torch.Tensor] = []
-        for i, block in enumerate(self._inner):
+        self.layouts: list[list[_Entry]] = []  # per block: blocks of a mixed-type GGUF file differ
+        for block in self._inner:
+            if prepare is not None:  # e.g. fp8 quantization on the device, one block at a time
+                prepare(block)
             entries, nbytes = _block_layout(block)
-            if [(e.module, e.name, e.shape, e.dtype) for e in entries] != signature:
-                raise ValueError(f"BlockOffload: block {i} has another parameter layout than block 0")
-            buf = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=cuda)
-            for view, tensor in zip(_views(buf, entries), self._tensors(block), strict=True):
+            self.layouts.append(entries)
+            buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+            for view, tensor in zip(_views(buf, entries), self._tensors(block, entries), strict=True):
                 view.copy_(tensor.detach())
                 tensor.data = view  # frees the original storage now: host peak = model + one block
             self.host.append(buf)
+        self.block_bytes = max(buf.numel() for buf in self.host)  # one slot holds any block
         self.device_buffers = [
             torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)
         ]
-        self.slot_views = [_views(buf, self.entries) for buf in self.device_buffers]
-        for block in self._inner:  # free the original storage: point every block at slot 0 for now
-            self._bind(block, 0)
+        self._slot_views: dict[tuple[int, int], list[torch.Tensor]] = {}  # (slot, block) -> views
+        for i in range(len(self._inner)):  # free the original storage: point every block at slot 0 for now
+            self._bind(i, 0)
         self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self.ready = [torch.cuda.Event() if cuda else None for _ in range(slots)]
         self.free = [torch.cuda.Event() if cuda else None for _ in range(slots)]
@@ -134,15 +147,20 @@ class BlockOffload:
 
     # --- tensor plumbing ---
 
-    def _tensors(self, block: nn.Module) -> list[torch.Tensor]:
+    @staticmethod
+    def _tensors(block: nn.Module, entries: list[_Entry]) -> list[torch.Tensor]:
         out = []
-        for e in self.entries:
+        for e in entries:
             owner = block.get_submodule(e.module) if e.module else block
             out.append(getattr(owner, e.name))
         return out
 
-    def _bind(self, block: nn.Module, slot: int) -> None:
-        for tensor, view in zip(self._tensors(block), self.slot_views[slot], strict=True):
+    def _bind(self, index: int, slot: int) -> None:
+        views = self._slot_views.get((slot, index))
+        if views is None:
+            views = _views(self.device_buffers[slot], self.layouts[index])
+            self._slot_views[(slot, index)] = views
+        for tensor, view in zip(self._tensors(self._inner[index], self.layouts[index]), views, strict=True):
             tensor.data = view
 
     # --- scheduling ---
@@ -154,11 +172,12 @@ class BlockOffload:
         slot = self._next_slot if self._next_slot != avoid else (self._next_slot + 1) % self.slots
         self._next_slot = (slot + 1) % self.slots
         if self.copy_stream is None:
-            self.device_buffers[slot].copy_(self.host[index])
+            self.device_buffers[slot][: self.host[index].numel()].copy_(self.host[index])
         else:
             with torch.cuda.stream(self.copy_stream):
                 self.copy_stream.wait_event(self.free[slot])  # the slot's last user has finished
-                self.device_buffers[slot].copy_(self.host[index], non_blocking=True)
+                host = self.host[index]
+                self.device_buffers[slot][: host.numel()].copy_(host, non_blocking=True)
                 self.ready[slot].record(self.copy_stream)
         self.slot_block[slot] = index
         return slot
@@ -168,7 +187,7 @@ class BlockOffload:
         slot = self._load(index, avoid=None)
         if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
-        self._bind(self._inner[index], slot)
+        self._bind(index, slot)
         self._current = slot
         self._load((index + 1) % len(self._inner), avoid=slot)  # wraps to block 0 for the next call
 
@@ -185,13 +204,13 @@ class BlockOffload:
         """Copy every block back into its own device tensors and unwrap the blocks."""
         if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
-        for block, host in zip(self._inner, self.host, strict=True):
-            for tensor, view in zip(self._tensors(block), _views(host, self.entries), strict=True):
+        for block, host, entries in zip(self._inner, self.host, self.layouts, strict=True):
+            for tensor, view in zip(self._tensors(block, entries), _views(host, entries), strict=True):
                 tensor.data = view.to(self.device, copy=True)
         self.model.blocks = nn.ModuleList(self._inner)
         self.host.clear()
         self.device_buffers.clear()
-        self.slot_views.clear()
+        self._slot_views.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,9 +296,29 @@ T5_BYTES = 11_400_000_000  # umT5-XXL encoder in bf16 (5.7 B params), when it is
 RESERVE_BYTES = 2**30  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation
 
 
-def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool) -> int:
-    """Device bytes of the DiT's weights: floats at `dtype`; 1 byte per weight (+ a float32 scale per
-    output row) for the block Linears with `fp8_blocks`, or for every Linear of a quantized DiT."""
+# The conditioning-encode memo (`model.vae.ZeroTailMemo`, held on the VAE's device for a whole shot):
+# 1.48 GiB in float32 / 0.74 GiB in bfloat16 for an 81-frame 896x448 clip (benchmarks/RESULTS.md, the
+# smoke's `vae` run), i.e. bytes per pixel and frame of the conditioning clip by VAE dtype.
+MEMO_BYTES_PER_PIXEL_FRAME = {torch.float32: 49, torch.bfloat16: 25}
+
+
+def memo_bytes(height: int, width: int, frames: int, vae_dtype: torch.dtype) -> int:
+    """Device bytes of one shot's conditioning-encode memo at (height x width) and `frames` frames."""
+    per = MEMO_BYTES_PER_PIXEL_FRAME.get(vae_dtype, MEMO_BYTES_PER_PIXEL_FRAME[torch.float32])
+    return height * width * frames * per
+
+
+def _meta_dit_sizes(
+    config: DiTConfig,
+    dtype: torch.dtype,
+    *,
+    fp8_blocks: bool,
+    quantized: bool,
+    gguf_bytes: float | None = None,
+) -> tuple[nn.Module, Callable[[torch.Tensor], int]]:
+    """A meta-device DiT and the device bytes of each of its tensors: floats at `dtype`; 1 byte per
+    weight (+ a float32 scale per output row) for the block Linears with `fp8_blocks`, or for every
+    Linear of a quantized DiT; `gguf_bytes` per weight (block scales included) for a GGUF one's."""
     from model.dit import InfiniteTalkDiT  # keep `import model.offload` light
 
     with torch.device("meta"):
@@ -289,14 +328,38 @@ def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool,
         for name, m in model.named_modules()
         if isinstance(m, nn.Linear) and (quantized or (fp8_blocks and name.startswith("blocks.")))
     }
-    total = 0
-    for p in [*model.parameters(), *model.buffers()]:
+
+    def nbytes(p: torch.Tensor) -> int:
         if id(p) in one_byte:
-            total += p.numel() + 4 * p.shape[0]
-        else:
-            size = dtype.itemsize if p.is_floating_point() else p.element_size()
-            total += p.numel() * size
-    return total
+            return p.numel() + 4 * p.shape[0] if gguf_bytes is None else math.ceil(p.numel() * gguf_bytes)
+        return p.numel() * (dtype.itemsize if p.is_floating_point() else p.element_size())
+
+    return model, nbytes
+
+
+def dit_weight_bytes(config: DiTConfig, dtype: torch.dtype, *, fp8_blocks: bool, quantized: bool) -> int:
+    """Device bytes of the whole DiT's weights (see `_meta_dit_sizes`)."""
+    model, nbytes = _meta_dit_sizes(config, dtype, fp8_blocks=fp8_blocks, quantized=quantized)
+    return sum(nbytes(p) for p in [*model.parameters(), *model.buffers()])
+
+
+def dit_weight_split(
+    config: DiTConfig,
+    dtype: torch.dtype,
+    *,
+    fp8_blocks: bool,
+    quantized: bool,
+    gguf_bytes: float | None = None,
+) -> tuple[int, int]:
+    """(bytes of the DiT's weights outside its blocks, bytes of one block as `BlockOffload` lays it out)."""
+    model, nbytes = _meta_dit_sizes(
+        config, dtype, fp8_blocks=fp8_blocks, quantized=quantized, gguf_bytes=gguf_bytes
+    )
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    rest = sum(nbytes(p) for n, p in tensors if not n.startswith("blocks."))
+    block = model.blocks[0]
+    one = sum(math.ceil(nbytes(p) / _ALIGN) * _ALIGN for p in [*block.parameters(), *block.buffers()])
+    return rest, one
 
 
 def working_bytes_per_token(*, fp8_blocks: bool, compiled: bool, batched: bool) -> int:
@@ -313,6 +376,38 @@ def resident_need(
 
 
 @dataclass(frozen=True)
+class MemoryNeed:
+    """Device bytes of a run, piece by piece: the DiT's weights resident and with block offload (the
+    weights outside the blocks + `slots` block buffers), the DiT call's working set, and everything else
+    resident next to it (VAE, CLIP, wav2vec2, umT5 unless on the CPU, the conditioning-encode memo)."""
+
+    dit_resident: int
+    dit_offloaded: int
+    working: int
+    other: int
+
+    @property
+    def resident(self) -> int:
+        return self.dit_resident + self.working + self.other + RESERVE_BYTES
+
+    @property
+    def offloaded(self) -> int:
+        return self.dit_offloaded + self.working + self.other + RESERVE_BYTES
+
+    def describe(self, offloaded: bool) -> str:
+        gib = 2**30
+        dit = self.dit_offloaded if offloaded else self.dit_resident
+        return (
+            f"DiT weights {dit / gib:.1f} + working set {self.working / gib:.1f} + other models and memo "
+            f"{self.other / gib:.1f} + reserve {RESERVE_BYTES / gib:.1f} GiB"
+        )
+
+
+class DeviceMemoryError(RuntimeError):
+    """The device's usable memory is below what even an offloaded run needs (raised before loading)."""
+
+
+@dataclass(frozen=True)
 class OffloadDecision:
     """Whether the DiT blocks are offloaded, and a one-line why (with the numbers)."""
 
@@ -321,15 +416,37 @@ class OffloadDecision:
 
 
 def decide_offload(
-    setting: str | bool, *, device_type: str, limit_bytes: int | None, need_bytes: int
+    setting: str | bool,
+    *,
+    device_type: str,
+    limit_bytes: int | None,
+    need_bytes: int,
+    offload_bytes: int | None = None,
+    device: str = "",
+    detail: str = "",
 ) -> OffloadDecision:
     """`infinitetalk.offload` -> a decision. `auto`: offload on a CUDA device whose usable memory
-    (`limit_bytes`, see `device_memory_limit`) is below `need_bytes`; never on a CPU."""
+    (`limit_bytes`, see `device_memory_limit`) is below `need_bytes` (resident); never on a CPU.
+    With `offload_bytes` (what an offloaded run needs) and a known limit, `auto` and `true` raise one
+    `DeviceMemoryError` line when even that does not fit (`detail`: the pieces, for the message)."""
     gib = 2**30
+    if setting not in ("auto", True, False):
+        raise ValueError(f"offload must be auto, true or false, got {setting!r}")
+    if (
+        setting is not False
+        and device_type == "cuda"
+        and limit_bytes is not None
+        and offload_bytes is not None
+        and limit_bytes < offload_bytes
+    ):
+        raise DeviceMemoryError(
+            f"{device or device_type}: {limit_bytes / gib:.1f} GiB usable is too small for any mode: even "
+            f"with the DiT blocks streamed from host memory a run needs ~{offload_bytes / gib:.1f} GiB"
+            + (f" ({detail})" if detail else "")
+            + "; keep umT5 on the CPU (t5_cpu), use fp8 or a quantized DiT, or a larger device / cap"
+        )
     if setting is True or setting is False:
         return OffloadDecision(setting, f"forced by offload: {str(setting).lower()}")
-    if setting != "auto":
-        raise ValueError(f"offload must be auto, true or false, got {setting!r}")
     if device_type != "cuda" or limit_bytes is None:
         return OffloadDecision(False, f"auto: {device_type} run, the DiT stays where it is")
     numbers = f"device {limit_bytes / gib:.1f} GiB, a resident run needs ~{need_bytes / gib:.1f} GiB"

@@ -405,3 +405,40 @@ def write_tiny_root(
     for quant in quants:
         write_tiny_quant(wan, root / layout.infinitetalk, root / layout.quant_file(quant), quant)
     return root
+
+
+def write_tiny_gguf(
+    root: Path | str, tag: str, *, float_type: str = "BF16", multi: bool = False
+) -> list[Path]:
+    """The written root's DiT (Wan shards + InfiniteTalk file, read back as float32) as the GGUF pair of
+    `gguf-<tag>` (`WeightsLayout.gguf_dit_file` + the adapter file; with `multi`, the multi adapter too),
+    in the published conversions' layout (`model.gguf_write`). A `_M` / `_S` tag is written with the base
+    K-quant type. Returns the files written."""
+    from model.checkpoint import read_safetensors, read_safetensors_index
+    from model.gguf_write import TYPES, write_gguf
+    from model.weights import DIT_STEM, WeightsLayout
+
+    root = Path(root)
+    layout = WeightsLayout()
+    wan = root / layout.wan_dir
+    qtype = TYPES[tag[:4] if tag.startswith(("Q4_K", "Q5_K")) else tag]
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(set(read_safetensors_index(wan, DIT_STEM).values())):
+        state.update(read_safetensors(path, dtype=torch.float32))
+    quant = f"gguf-{tag}"
+    written = [
+        write_gguf(
+            root / layout.gguf_dit_file(quant), {k: v.numpy() for k, v in state.items()}, qtype,
+            float_type=TYPES[float_type],
+        )
+    ]  # fmt: skip
+    for person in (False, True) if multi else (False,):
+        src = root / (layout.multi if person else layout.infinitetalk)
+        adapter = read_safetensors(src, dtype=torch.float32)
+        written.append(
+            write_gguf(
+                root / layout.dit_file(quant, person), {k: v.numpy() for k, v in adapter.items()}, qtype,
+                float_type=TYPES[float_type],
+            )
+        )  # fmt: skip
+    return written

@@ -31,7 +31,17 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DIT_STEM = "diffusion_pytorch_model"
-QUANTS = ("none", "fp8", "int8")
+# GGUF DiTs (`model.gguf`): the file tag of the published conversions; _M / _S files mix K-quant types
+GGUF_TAGS = ("Q8_0", "Q6_K", "Q5_K", "Q5_K_M", "Q5_K_S", "Q4_K", "Q4_K_M", "Q4_K_S", "F16", "BF16")
+GGUF_QUANTS = tuple(f"gguf-{tag}" for tag in GGUF_TAGS)
+QUANTS = ("none", "fp8", "int8", *GGUF_QUANTS)
+
+
+def is_gguf(quant: str) -> bool:
+    """Whether `quant` names GGUF files (`gguf-<tag>`)."""
+    return quant in GGUF_QUANTS
+
+
 TINY_WEIGHTS_SEED = 0  # the seed of the tiny random root a run without weights renders with
 
 
@@ -50,13 +60,27 @@ class WeightsLayout:
     quant_stem: str = "infinitetalk_single"
     multi: str = "InfiniteTalk/multi/infinitetalk.safetensors"  # two-person checkpoint (optional)
     quant_stem_multi: str = "infinitetalk_multi"
+    # GGUF roots: the Wan DiT as city96 names its conversions, the InfiniteTalk adapter (audio keys) next to
+    # it; config.json, VAE, umT5, tokenizer, CLIP and wav2vec2 stay where the official layout has them
+    gguf_dir: str = "gguf"
+    gguf_dit: str = "wan2.1-i2v-14b-480p-{tag}.gguf"
+    gguf_single: str = "Wan2_1-InfiniteTalk_Single_{tag}.gguf"
+    gguf_multi: str = "Wan2_1-InfiniteTalk_Multi_{tag}.gguf"
 
     def quant_file(self, quant: str, multi: bool = False) -> str:
+        if is_gguf(quant):
+            name = self.gguf_multi if multi else self.gguf_single
+            return f"{self.gguf_dir}/{name.format(tag=quant.removeprefix('gguf-'))}"
         stem = self.quant_stem_multi if multi else self.quant_stem
         return f"{self.quant_dir}/{stem}_{quant}.safetensors"
 
+    def gguf_dit_file(self, quant: str) -> str:
+        """The Wan DiT GGUF file of a `gguf-<tag>` quantization (the InfiniteTalk adapter: `dit_file`)."""
+        return f"{self.gguf_dir}/{self.gguf_dit.format(tag=quant.removeprefix('gguf-'))}"
+
     def dit_file(self, quant: str, multi: bool = False) -> str:
-        """The InfiniteTalk DiT file of a quantization (none: the audio-weights file over the Wan shards)."""
+        """The InfiniteTalk DiT file of a quantization (none: the audio-weights file over the Wan shards;
+        gguf: the adapter file over `gguf_dit_file`)."""
         if quant == "none":
             return self.multi if multi else self.infinitetalk
         return self.quant_file(quant, multi)
@@ -224,6 +248,8 @@ def _check_wav2vec(w_dir: Path) -> list[str]:
 
 def _check_dit_file(root: Path, layout: WeightsLayout, quant: str, multi: bool) -> list[str]:
     path = root / layout.dit_file(quant, multi)
+    if is_gguf(quant):
+        return check_gguf(path, quant)
     problems = _check_safetensors(path)
     if quant != "none":
         problems += _check_json(path.with_suffix(".json"))
@@ -233,7 +259,7 @@ def _check_dit_file(root: Path, layout: WeightsLayout, quant: str, multi: bool) 
 def has_multi(root: Path, quant: str = "none", mode: str = "infinitetalk-480") -> bool:
     """Whether the root holds the multi (two-person) checkpoint of `quant` (presence only)."""
     path = Path(root) / layout_for(mode, quant).dit_file(quant, multi=True)
-    return path.is_file() and (quant == "none" or path.with_suffix(".json").is_file())
+    return path.is_file() and (quant == "none" or is_gguf(quant) or path.with_suffix(".json").is_file())
 
 
 def verify_weights(
@@ -250,14 +276,96 @@ def verify_weights(
     problems = _check_json(wan / "config.json")
     if quant == "none":
         problems += _check_dit_shards(wan)
+    if is_gguf(quant):
+        problems += check_gguf(root / layout.gguf_dit_file(quant), quant)
     problems += _check_dit_file(root, layout, quant, multi=False)
     if multi or (root / layout.dit_file(quant, multi=True)).exists():
         problems += _check_dit_file(root, layout, quant, multi=True)
+    if is_gguf(quant) and not problems:
+        problems += gguf_key_problems(root, layout, quant, multi)
     problems += _check_torch_zip(wan / layout.vae)
     problems += _check_torch_zip(wan / layout.t5)
     problems += _check_tokenizer(wan / layout.tokenizer)
     problems += _check_torch_zip(wan / layout.clip)
     problems += _check_wav2vec(root / layout.wav2vec_dir)
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF files (`model.gguf`): readable, architecture "wan", data within the file, the tag's weight type
+
+GGUF_MAIN_TYPE = {"Q8_0": 8, "Q6_K": 14, "Q5_K": 13, "Q4_K": 12, "F16": 1, "BF16": 30}  # ggml type ids
+# bytes per weight of a tag's main type (block scales included: 34 B / 32, 210, 176, 144 B / 256)
+GGUF_BYTES_PER_WEIGHT = {
+    "Q8_0": 34 / 32,
+    "Q6_K": 210 / 256,
+    "Q5_K": 176 / 256,
+    "Q4_K": 144 / 256,
+    "F16": 2.0,
+    "BF16": 2.0,
+}
+
+
+def gguf_bytes_per_weight(quant: str) -> float:
+    """Device bytes per quantized-Linear weight of a `gguf-<tag>` DiT (its tag's main type)."""
+    tag = quant.removeprefix("gguf-")
+    return GGUF_BYTES_PER_WEIGHT[tag[:4] if tag.startswith(("Q4_K", "Q5_K")) else tag]
+
+
+def check_gguf(path: Path, quant: str) -> list[str]:
+    """Problems of one GGUF file of `quant` (header and tensor table only; the data stays mapped)."""
+    from model.checkpoint import CheckpointError  # model.gguf reads through the gguf package
+    from model.gguf import ARCH, BLOCKS, TYPE_NAMES, read_gguf
+
+    if not path.is_file():
+        return [f"{path}: missing"]
+    try:
+        arch, tensors = read_gguf(path)
+    except CheckpointError as exc:
+        return [f"{exc} (truncated or not GGUF?)"]
+    if arch != ARCH:
+        return [f"{path}: GGUF architecture {arch!r}, expected {ARCH!r} (a Wan conversion)"]
+    tag = quant.removeprefix("gguf-")
+    want = GGUF_MAIN_TYPE[tag[:4] if tag.startswith(("Q4_K", "Q5_K")) else tag]
+    kinds = {t.qtype for t in tensors.values() if t.name.startswith("blocks.") and len(t.shape) == 2}
+    quantized = kinds & set(BLOCKS)  # rows that are not whole blocks keep the source precision
+    if quantized and want not in kinds:
+        names = ", ".join(sorted(TYPE_NAMES.get(k, str(k)) for k in kinds))
+        return [f"{path}: holds {names} block weights, no {tag} as its name says (another file renamed?)"]
+    return []
+
+
+def gguf_key_problems(root: Path, layout: WeightsLayout, quant: str, multi: bool) -> list[str]:
+    """The DiT's keys against the GGUF DiT + adapter files (names the files; each pair in turn)."""
+    import torch
+
+    from model.config import ConfigError, DiTConfig
+    from model.dit import InfiniteTalkDiT
+    from model.gguf import read_gguf
+
+    wan = root / layout.wan_dir
+    try:
+        config = DiTConfig.from_official(json.loads((wan / "config.json").read_text()), source=str(wan))
+    except (ConfigError, OSError, ValueError) as exc:
+        return [f"{wan / 'config.json'}: {exc}"]
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in InfiniteTalkDiT(config).state_dict().items()}
+    dit = root / layout.gguf_dit_file(quant)
+    base = {k: t.shape for k, t in read_gguf(dit)[1].items()}
+    problems = []
+    for person in (False, True) if multi or (root / layout.dit_file(quant, True)).exists() else (False,):
+        adapter = root / layout.dit_file(quant, person)
+        got = {**base, **{k: t.shape for k, t in read_gguf(adapter)[1].items()}}
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        shapes = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+        where = f"{dit} + {adapter}"
+        if missing:
+            problems.append(f"{where}: {len(missing)} missing key(s): {', '.join(missing[:5])}")
+        if extra:
+            problems.append(f"{where}: {len(extra)} unexpected key(s): {', '.join(extra[:5])}")
+        if shapes:
+            problems.append(f"{where}: shape mismatch for {', '.join(shapes[:5])} (another model size?)")
     return problems
 
 
@@ -274,6 +382,11 @@ def download_weights(
     from huggingface_hub import hf_hub_download, snapshot_download  # network only
 
     layout = layout_for(mode, quant)
+    if is_gguf(quant):
+        raise ValueError(
+            f"{quant}: GGUF conversions are community files, not downloaded by dubflow; put them at "
+            f"{to / layout.gguf_dit_file(quant)} and {to / layout.dit_file(quant)} (quant none for the rest)"
+        )
     to = Path(to)
     wan_files = ["config.json", layout.vae, layout.t5, layout.clip]
     if quant == "none":

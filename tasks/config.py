@@ -149,7 +149,10 @@ class InfiniteTalkConfig:
     device: str  # auto | cpu | cuda | cuda:N
     gpus_per_shot: int  # >= 1: N-way sequence parallelism over N resident ranks (GPUs 0..N-1 visible)
     dtype: Literal["bfloat16", "float16", "float32"]
-    quant: Literal["none", "fp8", "int8"]
+    quant: Literal[
+        "none", "fp8", "int8", "gguf-Q8_0", "gguf-Q6_K", "gguf-Q5_K", "gguf-Q5_K_M", "gguf-Q5_K_S",
+        "gguf-Q4_K", "gguf-Q4_K_M", "gguf-Q4_K_S", "gguf-F16", "gguf-BF16",
+    ]  # fmt: skip  # gguf-<tag>: a GGUF DiT (model.weights.GGUF_QUANTS)
     loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
     t5_cpu: bool
     prompt: str

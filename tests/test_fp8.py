@@ -164,3 +164,31 @@ def test_scaled_mm_matches_emulation():
     fast = Fp8Linear.from_linear(lin, use_scaled_mm=True)
     slow = Fp8Linear.from_linear(lin, use_scaled_mm=False)
     assert rel_err(fast(x), slow(x)) < 1e-2  # same operands; bf16 output rounding only
+
+
+def test_conversion_frees_each_float_layer_before_the_next(monkeypatch):
+    """`convert_to_fp8` keeps no converted float Linear alive while it converts the next one: a float
+    layer moved to the device for quantizing is gone before the next arrives (a list of the targets
+    once held all of them there: the OOM of fp8 + offload under a 24 GiB cap)."""
+    import gc
+    import weakref
+
+    import model.fp8 as fp8
+
+    model = nn.Module()
+    model.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 16)) for _ in range(3))
+    refs = [weakref.ref(m) for m in model.modules() if type(m) is nn.Linear]
+    alive: list[int] = []
+    real = fp8.quantize_weight
+
+    def counting(weight):
+        gc.collect()
+        live = {id(m) for m in model.modules()}
+        alive.append(sum(1 for r in refs if r() is not None and id(r()) not in live))
+        return real(weight)
+
+    monkeypatch.setattr(fp8, "quantize_weight", counting)
+    assert convert_to_fp8(model, device="cpu") == 6
+    assert alive == [0] * 6  # no replaced float layer survives its replacement
+    gc.collect()
+    assert all(r() is None for r in refs)

@@ -16,9 +16,13 @@ from model.config import DIT_PRESETS
 from model.offload import (
     OTHER_MODELS_BYTES,
     RESERVE_BYTES,
+    T5_BYTES,
+    DeviceMemoryError,
     OffloadedBlock,
     decide_offload,
     dit_weight_bytes,
+    dit_weight_split,
+    memo_bytes,
     resident_need,
     working_bytes_per_token,
 )
@@ -26,6 +30,8 @@ from model.tiling import TileSpec
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
+from tasks.infinitetalk.options import memory_need
+from tasks.picture.geometry import BUCKET_TABLES
 from tasks.render.shot import render_shot_result
 from tasks.timeline.shot_key import shot_settings
 from tests.media import decode_all
@@ -78,7 +84,9 @@ CARDS = [
     ({"mode": "infinitetalk-480", "quant": "int8"}, 23.99, True),
     ({"mode": "infinitetalk-480", "quant": "int8"}, 39.4, False),
     ({"mode": "infinitetalk-720", "compile": False}, 47.5, True),  # 47.3 GiB peak measured eager
-    ({"mode": "infinitetalk-720"}, 47.5, False),  # compiled: 41.0 GiB peak measured
+    # compiled: 41.0 GiB DiT peak measured, + 2.0 GiB VAE/CLIP/wav2vec2 + the float32 memo of the
+    # conditioning encode at the largest 720P bucket (held for the whole shot): no longer fits 48 GB
+    ({"mode": "infinitetalk-720"}, 47.5, True),
     ({"mode": "infinitetalk-480", "fp8_compute": True, "batch_branches": True}, 23.99, True),
     ({"mode": "infinitetalk-480", "fp8_compute": True, "batch_branches": True}, 39.4, False),  # 27.3 GiB
     ({"mode": "infinitetalk-720"}, 79.1, False),  # H100 80GB
@@ -92,6 +100,59 @@ def test_auto_offload_over_device_sizes(changes, gib, expected):
     d = offload_decision(_opts(**changes), "cuda:0", limit_bytes=int(gib * GIB))
     assert d.offload is expected
     assert d.reason.startswith("auto: device") and f"{gib:.1f} GiB" in d.reason and "needs ~" in d.reason
+
+
+FAST_480 = {"mode": "infinitetalk-480", "preset": "fast", "fp8_compute": True, "vae_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("gib", [23.99, 16.0])
+def test_fast_preset_offloads_under_24_and_16_gib_caps(gib):
+    """The fast preset (fp8 blocks, bf16 VAE) on a 24 GiB or 16 GiB cap: too big resident (~25 GiB with
+    every resident piece), offloaded it fits; the reason names both figures."""
+    opts = _opts(**FAST_480)
+    need = memory_need(opts, "cuda:0")
+    assert need.offloaded < 16 * GIB < 24 * GIB < need.resident
+    d = offload_decision(opts, "cuda:0", limit_bytes=int(gib * GIB))
+    assert d.offload and "blocks streamed" in d.reason and f"{need.resident / GIB:.1f} GiB" in d.reason
+    quality = _opts(mode="infinitetalk-480", vae_dtype="float32")  # bf16 blocks, float32 VAE
+    assert offload_decision(quality, "cuda:0", limit_bytes=16 * GIB).offload
+
+
+def test_every_resident_piece_is_counted():
+    """umT5 on the device, the conditioning-encode memo (float32 twice bf16's) and the batched guidance
+    working set each raise the estimate by their own size; offload keeps only two blocks of weights."""
+    base = _opts(**FAST_480)
+    need = memory_need(base, "cuda:0")
+    t5 = memory_need(dataclasses.replace(base, t5_cpu=False), "cuda:0")
+    assert t5.other - need.other == T5_BYTES and t5.resident - need.resident == T5_BYTES
+    f32 = memory_need(dataclasses.replace(base, vae_dtype="float32"), "cuda:0")
+    h, w = max(BUCKET_TABLES["480"].values(), key=lambda hw: hw[0] * hw[1])  # 1088 x 384
+    f32_memo, bf16_memo = memo_bytes(h, w, 81, torch.float32), memo_bytes(h, w, 81, torch.bfloat16)
+    assert f32.other - need.other == f32_memo - bf16_memo
+    # the measured memo: 1.48 GiB float32 / 0.74 GiB bfloat16 at 896x448, 81 frames
+    assert abs(memo_bytes(448, 896, 81, torch.float32) / GIB - 1.48) < 0.02
+    assert abs(memo_bytes(448, 896, 81, torch.bfloat16) / GIB - 0.74) < 0.02
+    batched = memory_need(dataclasses.replace(base, batch_branches=True), "cuda:0")
+    assert batched.working == 3 * need.working
+    c14 = DIT_PRESETS["infinitetalk-14b"]
+    rest, block = dit_weight_split(c14, torch.bfloat16, fp8_blocks=True, quantized=False)
+    assert need.dit_offloaded == rest + 2 * block and need.dit_resident == rest + c14.num_layers * block
+    total = dit_weight_bytes(c14, torch.bfloat16, fp8_blocks=True, quantized=False)
+    assert 0 <= need.dit_resident - total < 1e-3 * total  # the slot layout's 256-byte alignment only
+
+
+def test_cap_too_small_for_any_mode_is_one_line_before_loading():
+    opts = _opts(**FAST_480)
+    need = memory_need(opts, "cuda:0")
+    for setting in ("auto", True):
+        with pytest.raises(DeviceMemoryError) as err:
+            offload_decision(dataclasses.replace(opts, offload=setting), "cuda:0", limit_bytes=4 * GIB)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith("cuda:0: 4.0 GiB usable is too small for any mode")
+        assert f"~{need.offloaded / GIB:.1f} GiB" in line and "working set" in line
+    # just enough for the offloaded run: no error; forced false is the user's call
+    assert offload_decision(opts, "cuda:0", limit_bytes=need.offloaded).offload
+    assert not offload_decision(dataclasses.replace(opts, offload=False), "cuda:0", limit_bytes=GIB).offload
 
 
 def test_offload_setting_forced_and_never_on_cpu():
@@ -176,3 +237,15 @@ def test_backend_dubs_identically_with_offload_and_tiles_when_asked(
     assert any("in 32 px tiles every 24 px (vae_tiling: true)" in r.getMessage() for r in caplog.records)
     a, b = decode_all(plain["path"]).astype(np.int16), decode_all(tiled["path"]).astype(np.int16)
     assert a.shape == b.shape and not np.array_equal(a, b)
+
+
+def test_gguf_dits_are_estimated_at_their_bytes_per_weight():
+    """A GGUF DiT's quantized Linears count at their type's bytes (Q4_K 144 B / 256 weights): Q4_K <
+    int8 (1 byte + a scale per row) < Q8_0 (34 B / 32) < bf16; the Q4_K quality preset fits 24 GiB resident."""
+    need = {q: memory_need(_opts(mode="infinitetalk-480", quant=q), "cuda:0").dit_resident
+            for q in ("gguf-Q4_K_M", "gguf-Q8_0", "int8", "none", "gguf-BF16")}  # fmt: skip
+    assert need["gguf-Q4_K_M"] < need["int8"] < need["gguf-Q8_0"] < need["none"] == need["gguf-BF16"]
+    assert abs(need["gguf-Q4_K_M"] / need["gguf-Q8_0"] - (144 / 256) / (34 / 32)) < 0.05
+    assert not offload_decision(
+        _opts(mode="infinitetalk-480", quant="gguf-Q4_K"), "cuda:0", limit_bytes=24 * GIB
+    ).offload

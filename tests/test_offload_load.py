@@ -118,3 +118,63 @@ def test_cuda_offloaded_load_matches_resident(root, tmp_path):
             for seed in range(2):
                 args = _args(dit.config, device="cuda", seed=seed)
                 assert torch.equal(dit(*args), resident_dit(*args)), fp8
+
+
+def test_fp8_offload_quantizes_block_by_block_and_drops_the_float_layers(root, monkeypatch):
+    """fp8 + offload: each block is quantized right before it is pinned (prepare runs block i, then its
+    pinning, then block i+1), and no converted float Linear stays alive (the old list of targets kept
+    every one moved to the device: the 24 GiB OOM); outputs equal the resident fp8 load's bit for bit."""
+    import gc
+    import weakref
+
+    import model.offload as offload_mod
+
+    events: list[tuple[str, int]] = []
+    floats: list[weakref.ref] = []
+    real_init = offload_mod.BlockOffload.__init__
+
+    def spy_init(self, model, device, *, slots=2, prepare=None):
+        assert prepare is not None  # fp8 with offload goes through the per-block path
+        for block in model.blocks:
+            floats.extend(weakref.ref(m) for m in block.modules() if type(m) is torch.nn.Linear)
+        calls = iter(range(len(model.blocks)))
+
+        def prepare_in_order(b):
+            i = next(calls)
+            assert all(e != ("quantized", i) for e in events)
+            prepare(b)
+            events.append(("quantized", i))
+
+        real_init(self, model, device, slots=slots, prepare=prepare_in_order)
+
+    monkeypatch.setattr(offload_mod.BlockOffload, "__init__", spy_init)
+    spec = LoadSpec.cpu_float32(components=("dit",), offload=True, fp8_compute=True)
+    dit = load_models(root, spec).dit
+    gc.collect()
+    assert events == [("quantized", i) for i in range(dit.config.num_layers)]
+    assert floats and all(ref() is None for ref in floats)  # every float block Linear was freed
+    inner = [b.block for b in dit.blocks]
+    assert all(not any(type(m) is torch.nn.Linear for m in b.modules()) for b in inner)
+    resident_dit = load_models(root, LoadSpec.cpu_float32(components=("dit",), fp8_compute=True)).dit
+    with torch.no_grad():
+        for seed in range(2):
+            args = _args(dit.config, seed=seed)
+            assert torch.equal(dit(*args), resident_dit(*args))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fp8_loads_never_hold_the_float_dit_on_the_device(root):
+    """Resident fp8 and fp8 + offload: the device's peak during the load stays below the float DiT's
+    bytes (the conversion sees one float layer on the device at a time)."""
+    base = {"device": "cuda", "components": ("dit",), "dtype": torch.bfloat16, "fp8_compute": True}
+    floats = load_models(root, LoadSpec(device="cuda", components=("dit",), dtype=torch.bfloat16)).dit
+    float_bytes = sum(p.numel() * p.element_size() for p in floats.blocks.parameters())
+    del floats
+    for offload in (False, True):
+        torch.cuda.empty_cache()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        dit = load_models(root, LoadSpec(**base, offload=offload)).dit
+        assert torch.cuda.max_memory_allocated() - start < float_bytes, offload
+        del dit

@@ -172,3 +172,74 @@ def test_download_requests_pinned_files_of_the_mode(tmp_path, monkeypatch):
     assert "single/infinitetalk.safetensors" not in files
     assert ("google/umt5-xxl/*",) in files  # no DiT shards when the quantized file replaces them
     assert json.dumps(sorted(map(str, files)))  # plain strings only
+
+
+# ------------------------------------------------------------------------------ GGUF roots
+
+
+@pytest.fixture(scope="module")
+def gguf_root(tmp_path_factory) -> Path:
+    from model.tiny import write_tiny_gguf
+
+    root = write_tiny_root(tmp_path_factory.mktemp("weights") / "gguf", seed=1, multi=False)
+    write_tiny_gguf(root, "Q4_K")
+    write_tiny_gguf(root, "Q8_0")
+    return root
+
+
+Q4 = "gguf-Q4_K"
+
+
+def test_gguf_root_passes_and_every_missing_file_is_named(gguf_root, tmp_path):
+    assert verify_weights(gguf_root, quant=Q4) == []
+    r = _clone(gguf_root, tmp_path / "r")
+    dit, adapter = r / L.gguf_dit_file(Q4), r / L.dit_file(Q4)
+    dit.unlink()
+    adapter.unlink()
+    (r / L.wan_dir / L.vae).unlink()
+    problems = verify_weights(r, quant=Q4)
+    assert problems == [f"{dit}: missing", f"{adapter}: missing", f"{r / L.wan_dir / L.vae}: missing"]
+    assert f"{r / L.dit_file(Q4, multi=True)}: missing" in verify_weights(r, quant=Q4, multi=True)
+
+
+def test_gguf_truncated_renamed_or_short_of_keys(gguf_root, tmp_path):
+    from model.gguf_write import write_gguf
+    from model.tiny import random_dit_state
+
+    r = _clone(gguf_root, tmp_path / "r")
+    dit, adapter = r / L.gguf_dit_file(Q4), r / L.dit_file(Q4)
+    data = dit.read_bytes()
+    _replace(dit, data[: len(data) * 2 // 3])
+    (problem,) = verify_weights(r, quant=Q4)
+    assert problem.startswith(f"{dit}: not a readable GGUF file")
+    _replace(dit, (r / L.gguf_dit_file("gguf-Q8_0")).read_bytes())  # a Q8_0 file under the Q4_K name
+    (problem,) = verify_weights(r, quant=Q4)
+    assert (
+        problem.startswith(f"{dit}: holds ") and "Q8_0" in problem and "no Q4_K as its name says" in problem
+    )
+    _replace(dit, data)
+    from model.config import DIT_PRESETS
+    from model.gguf import Q4_K
+
+    state = random_dit_state(DIT_PRESETS["tiny"], 0)
+    audio = {k: v.numpy() for k, v in state.items() if k.startswith("audio_proj.")}  # no block audio keys
+    adapter.unlink()
+    write_gguf(adapter, audio, Q4_K)
+    (problem,) = verify_weights(r, quant=Q4)
+    assert (
+        problem.startswith(f"{dit} + {adapter}: ") and "missing key(s): blocks.0.audio_cross_attn" in problem
+    )
+
+
+def test_weights_verify_cli_names_gguf_problems(gguf_root, tmp_path, capsys):
+    from flows.cli import main
+
+    r = _clone(gguf_root, tmp_path / "r")
+    assert main(["weights", "verify", str(r), "--quant", Q4]) == 0
+    assert "weights OK" in capsys.readouterr().out
+    (r / L.dit_file(Q4)).unlink()
+    assert main(["weights", "verify", str(r), "--quant", Q4]) == 1
+    out = capsys.readouterr()
+    assert f"{r / L.dit_file(Q4)}: missing" in out.out and "1 problem(s)" in out.err
+    with pytest.raises(ValueError, match="not downloaded by dubflow"):
+        download_weights(tmp_path / "dl", quant=Q4)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from model.loading import LoadSpec
-    from model.offload import OffloadDecision
+    from model.offload import MemoryNeed, OffloadDecision
     from model.tiling import TileSpec
 
 
@@ -141,13 +141,16 @@ def with_distill_lora(opts: InfiniteTalkConfig) -> InfiniteTalkConfig:
 
 def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     """(fp8 GEMMs, fp8 attention) on `device`: `auto` is on where supported (CUDA sm90+; fp8 attention
-    also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU."""
+    also needs the cuDNN frontend), off elsewhere; never in tiny mode or on a CPU. A GGUF DiT keeps its
+    block formats (fp8 GEMMs would re-expand a Q4_K weight to a byte): no fp8 GEMMs."""
     import torch
+
+    from model.weights import is_gguf
 
     if opts.mode == "tiny" or not device.startswith("cuda"):
         return False, False
-    gemm = bool(opts.fp8_compute)
-    if opts.fp8_compute == "auto":  # only `auto` asks the device
+    gemm = bool(opts.fp8_compute) and not is_gguf(opts.quant)
+    if opts.fp8_compute == "auto" and not is_gguf(opts.quant):  # only `auto` asks the device
         gemm = torch.cuda.get_device_capability(device) >= (9, 0)
     if opts.fp8_attention == "auto":
         from model.cudnn_attention import fp8_supported
@@ -184,45 +187,73 @@ def device_for(name: str, *, cuda_count: int, local_rank: int = 0) -> str:
     return f"cuda:{int(index)}"
 
 
-def offload_decision(
-    opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81, limit_bytes: int | None = None
-) -> OffloadDecision:
-    """`infinitetalk.offload` for a run on `device`. auto: offload when the device's usable memory
-    (`limit_bytes`; default: asked from CUDA) is below what a resident run of the mode needs at its
-    largest bucket and `frame_num`-frame chunks with its compile / fp8 / batched-guidance settings
-    (`model.offload.resident_need`); never on a CPU."""
+def memory_need(
+    opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81, fp8: bool | None = None
+) -> MemoryNeed:
+    """What a run of the options needs on `device`, piece by piece (`model.offload.MemoryNeed`): at the
+    mode's largest bucket and `frame_num`-frame chunks, with its compile / fp8 / batched-guidance settings,
+    umT5 unless `t5_cpu`, and the conditioning-encode memo at the VAE dtype. `fp8`: the fp8-GEMM flag
+    (default: `fp8_flags` on `device`)."""
     import torch
 
     from model.config import DIT_PRESETS
     from model.offload import (
         OTHER_MODELS_BYTES,
         T5_BYTES,
-        decide_offload,
-        device_memory_limit,
-        dit_weight_bytes,
-        resident_need,
+        MemoryNeed,
+        dit_weight_split,
+        memo_bytes,
         working_bytes_per_token,
     )
+    from model.weights import gguf_bytes_per_weight, is_gguf
     from tasks.picture.geometry import BUCKET_TABLES
 
-    device_type = torch.device(device).type
-    if opts.offload != "auto" or device_type != "cuda":
-        return decide_offload(opts.offload, device_type=device_type, limit_bytes=None, need_bytes=0)
     tiny = opts.mode == "tiny"
     table = BUCKET_TABLES["480" if tiny else opts.mode.removeprefix("infinitetalk-")]
     h, w = max(table.values(), key=lambda hw: hw[0] * hw[1])
     h, w = tiny_hw((h, w)) if tiny else (h, w)
     tokens = (1 + (frame_num - 1) // 4) * (h // 16) * (w // 16)  # latent frames x 2x2 patches of h/8 x w/8
-    fp8 = fp8_flags(opts, device)[0]
+    fp8 = fp8_flags(opts, device)[0] if fp8 is None else fp8
     dtype = torch.float32 if tiny else getattr(torch, opts.dtype)
     config = DIT_PRESETS["tiny" if tiny else "infinitetalk-14b"]
-    dit = dit_weight_bytes(config, dtype, fp8_blocks=fp8, quantized=opts.quant != "none")
+    gguf = gguf_bytes_per_weight(opts.quant) if is_gguf(opts.quant) else None
+    quantized = opts.quant != "none" and opts.quant not in ("gguf-F16", "gguf-BF16")
+    rest, block = dit_weight_split(config, dtype, fp8_blocks=fp8, quantized=quantized, gguf_bytes=gguf)
+    vae_dtype = getattr(torch, opts.vae_dtype or "float32")
     other = 0 if tiny else OTHER_MODELS_BYTES + (0 if opts.t5_cpu else T5_BYTES)
+    other += memo_bytes(h, w, frame_num, vae_dtype)
     compiled = opts.compile is not False  # auto compiles on CUDA
     per_token = working_bytes_per_token(fp8_blocks=fp8, compiled=compiled, batched=opts.batch_branches)
-    need = resident_need(dit, tokens, per_token=per_token, other_bytes=other)
+    return MemoryNeed(
+        dit_resident=rest + config.num_layers * block,
+        dit_offloaded=rest + 2 * block,  # BlockOffload's two device slots
+        working=tokens * per_token,
+        other=other,
+    )
+
+
+def offload_decision(
+    opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81, limit_bytes: int | None = None
+) -> OffloadDecision:
+    """`infinitetalk.offload` for a run on `device`. auto: offload when the device's usable memory
+    (`limit_bytes`; default: asked from CUDA) is below what a resident run needs (`memory_need`); never
+    on a CPU. auto and true raise `model.offload.DeviceMemoryError` (one line naming the pieces) when
+    even an offloaded run does not fit, before anything is loaded."""
+    import torch
+
+    from model.offload import decide_offload, device_memory_limit
+
+    device_type = torch.device(device).type
+    if opts.offload is False or device_type != "cuda":
+        return decide_offload(opts.offload, device_type=device_type, limit_bytes=None, need_bytes=0)
+    if opts.offload is True and limit_bytes is None and not torch.cuda.is_available():
+        return decide_offload(True, device_type=device_type, limit_bytes=None, need_bytes=0)  # planning host
+    need = memory_need(opts, device, frame_num=frame_num)
     limit = device_memory_limit(device) if limit_bytes is None else limit_bytes
-    return decide_offload("auto", device_type=device_type, limit_bytes=limit, need_bytes=need)
+    return decide_offload(
+        opts.offload, device_type=device_type, limit_bytes=limit, need_bytes=need.resident,
+        offload_bytes=need.offloaded, device=device, detail=need.describe(offloaded=True),
+    )  # fmt: skip
 
 
 def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> LoadSpec:

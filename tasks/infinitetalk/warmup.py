@@ -101,3 +101,35 @@ def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: 
         generate_chunk(models, dataclasses.replace(job, state=out.state))
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
+
+
+def shot_model_hw(
+    decision: Any, geometry: Any, num_frames: int, *, blend_frames: int = 0, tiny: bool = False
+) -> tuple[int, int]:
+    """The model size (H, W) a shot with this dub `decision` (`tasks.decision.record.ShotDecision`) is
+    generated at: its combined region plan's bucket, or the full frame's (`ModelGeometry`), as the session
+    maps it. Pure: the planning step knows every shot's decision, so it knows every size a film uses."""
+    from tasks.decision.shot_decision import decision_regions
+    from tasks.infinitetalk.tiny import tiny_hw
+    from tasks.picture.region import combine_regions
+
+    parts = [(r.start_frame, r.end_frame, r.plan) for r in decision_regions(decision)]
+    rplan = combine_regions(parts, num_frames, blend_frames)[0] if parts else None
+    bucket = geometry.model_hw if rplan is None or rplan.mode == "full" else rplan.bucket
+    return tiny_hw(bucket) if tiny else tuple(bucket)
+
+
+def film_model_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The distinct model sizes of a film's dubbed shots, most used first (ties: larger first), i.e. the
+    order to warm them in at load so the first shots never compile."""
+    counts: dict[tuple[int, int], int] = {}
+    for hw in sizes:
+        counts[tuple(hw)] = counts.get(tuple(hw), 0) + 1
+    return sorted(counts, key=lambda hw: (-counts[hw], -hw[0] * hw[1], hw))
+
+
+def warm_up_sizes(backend: Any, sizes: list[tuple[int, int]], settings: Any, **kwargs: Any) -> float:
+    """`warm_up` at every model size of `sizes` (see `film_model_sizes`): the load's compile warm-up for a
+    whole film, one pair of synthetic chunks per new size (~11 s each for the 14B fast preset compiled on
+    an H200: the face-crop bucket compiled inside the shot took 11.3 s). Returns the seconds spent."""
+    return sum(warm_up(backend, hw, settings, **kwargs) or 0.0 for hw in sizes)
