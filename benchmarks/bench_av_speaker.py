@@ -9,7 +9,7 @@ true turn in frames (first dubbed frame minus the frame its speech starts; <= 0 
 error of the turn-taking case, plus the analysis's CPU-s per video-s of each case.  `--set KEY=VALUE`
 overrides the config.  CPU only, a few minutes.  Must not be imported by the pipeline.
 
-    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--only NAME] [--set speaker.KEY=VALUE ...]
+    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--only NAME] [--sizes 80,120,...] [--set speaker.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
 from tasks.perception.face_analysis import ShotFaces
-from tests.av_cases import av_cases, judge
+from tests.av_cases import av_cases, judge, small_face
 from tests.speaker_cases import FPS, SR, encode
 
 
@@ -36,6 +36,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument(
+        "--sizes", default="", help="instead: the small-face wide shot at these face heights (px)"
+    )
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     print(
@@ -43,7 +46,16 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, case in av_cases().items():
+        todo = av_cases()
+        if args.sizes:  # the smallest reliable face: the wide shot at several sizes, both sets
+            px = [int(v) for v in args.sizes.split(",")]
+            todo = {
+                f"{sp}/{c}": small_face(sp, a, b, p)
+                for p in px
+                for sp, a, b in (("tune", 2, 1), ("held_out", 4, 5))
+                for c in [f"small_face_{p}px"]
+            }
+        for name, case in todo.items():
             if args.only not in name:
                 continue
             info = probe(encode(Path(tmp) / f"{name.replace('/', '_')}.mp4", case.frames, case.audio))

@@ -149,6 +149,17 @@ def _set(split: str, a: int, b: int, c: int) -> list[AvCase]:
     return out
 
 
+def small_face(split: str, a: int, b: int, face_px: int) -> AvCase:
+    """A 1920x1080 wide shot: speaker ``a`` beside listener ``b`` (mouthing backwards), faces ``face_px`` tall."""
+    on_a = _speech_starts(a)[0]
+    onset = (0,) if on_a < 3 or on_a >= 10 else (on_a,)
+    scale = [face_px / FACE_H[a], face_px / FACE_H[b]]
+    clips = [talking(a, N), backwards(b, N)]
+    return _case(
+        f"small_face_{face_px}px", split, clips, (1080, 1920), _voice(a, N), ((0, N, 0),), onset, scale
+    )
+
+
 def av_cases() -> dict[str, AvCase]:
     """Both sets, keyed "<split>/<name>": tune (voices of seeds 2 and 3) and held_out (seeds 4 and 5)."""
     cases = _set("tune", 2, 1, 3) + _set("held_out", 4, 5, 1)
@@ -198,4 +209,4 @@ def judge(case: AvCase, turns: list[tuple[int, int, int | None, str]], tolerance
     return Verdict("uncertain", tuple(onsets), switch, why)
 
 
-__all__ = ["AvCase", "Verdict", "av_cases", "backwards", "canvas", "judge", "talking"]
+__all__ = ["AvCase", "Verdict", "av_cases", "backwards", "canvas", "judge", "small_face", "talking"]
