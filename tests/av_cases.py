@@ -21,6 +21,7 @@ thresholds were tuned on the first set only.  `judge` scores a decision's region
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -103,7 +104,7 @@ def _case(name, split, clips, size, audio, truth, onsets, scale=None) -> AvCase:
 
 def _set(split: str, a: int, b: int, c: int) -> list[AvCase]:
     """The seven cases with speaker voice ``a`` and listeners from seeds ``b`` and ``c``."""
-    wide, two, three = (1080, 1920), (360, 640), (360, 900)
+    two, three = (360, 640), (360, 900)
     on_a = _speech_starts(a)[0] if _speech_starts(a)[0] < 10 else 0
     onset = (0,) if on_a < 3 else (on_a,)
     out = [
@@ -130,19 +131,7 @@ def _set(split: str, a: int, b: int, c: int) -> list[AvCase]:
         _case("three_faces", split, [backwards(b, N), talking(a, N), talking(c, N, 5)], three, _voice(a, N),
               ((0, N, 1),), onset, [0.9, 0.9, 0.9])
     )  # fmt: skip
-    small = [80 / FACE_H[a], 80 / FACE_H[b]]  # faces about 80 px tall in 1080p
-    out.append(
-        _case(
-            "small_face",
-            split,
-            [talking(a, N), backwards(b, N)],
-            wide,
-            _voice(a, N),
-            ((0, N, 0),),
-            onset,
-            small,
-        )
-    )
+    out.append(dataclasses.replace(small_face(split, a, b, 80), name="small_face"))  # faces ~80 px in 1080p
     late = np.concatenate([np.repeat(talking(a, 1), 15, 0), talking(a, N - 15)])[:, :, ::-1]
     out.append(_case("out_of_sync", split, [talking(a, N), late], two, _voice(a, N), ((0, N, 0),), onset))
     out.append(_case("reaction", split, [backwards(b, N)], two, _voice(a, N), ((0, N, None),), ()))

@@ -4,7 +4,9 @@ Holds `SpeakerConfig` -> settings conversion, the source's speech timeline (Sile
 first audio stream, streamed, one probability per 32 ms), and `analyse_shot`: decode the shot once at
 analysis size in display orientation (rotation and SAR applied, longest side `detect_max_side`), detect
 faces on every `detect_every`-th frame, link tracks, measure mouth activity on every frame from the
-interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`).  The result (`ShotFaces`) keeps
+interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`), judged again on each
+face's audio-visual agreement with the film's own audio (`tasks.perception.av_sync`, its envelope decoded
+here) when the speech timeline is the source's.  The result (`ShotFaces`) keeps
 boxes in display pixels, so the estimate, the shot table, the QC sheet and the region planner read them
 without decoding again.  Runs in planning; the GPU path only reads the record.
 Must not decide whether a shot is dubbed (that is `tasks.decision.gate`).
