@@ -90,7 +90,7 @@ class ShotProgress:
 def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
     ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``speaker``,
-    ``score``, ``reason``."""
+    ``score``, ``agreement`` (each face track's audio-visual agreement with the speech), ``reason``."""
     rows = []
     for shot in shots:
         rows.append(
@@ -105,6 +105,7 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "reused": "yes" if shot.get("reused") else "",
                 "speaker": shot.get("speaker", ""),
                 "score": shot.get("score", ""),
+                "agreement": shot.get("agreement", ""),
                 "reason": shot.get("reason") or "",
             }
         )

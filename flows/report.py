@@ -74,14 +74,17 @@ def shot_rows(
 
 def speaker_columns(decision: dict[str, Any] | None) -> dict[str, Any]:
     """The shot table's speaker (track ids per dubbed turn, with their character when known, both people of
-    a two-speaker turn joined by "+"; "-" when nobody on screen is dubbed) and score."""
+    a two-speaker turn joined by "+"; "-" when nobody on screen is dubbed) and score, and each face track's
+    audio-visual agreement with the source's speech ("0 +0.42, 1 -0.26") where it was measured."""
     if not decision:
         return {"speaker": "", "score": ""}
     regions = decision.get("regions") or []
+    agree = decision.get("agreement") or {}
+    extra = {"agreement": ", ".join(f"{k} {v:+.2f}" for k, v in agree.items())} if agree else {}
     if not regions:
-        return {"speaker": "-", "score": ""}
+        return {"speaker": "-", "score": "", **extra}
     who = " -> ".join(_turn(r) for r in regions)
-    return {"speaker": who, "score": round(min(float(r["score"]) for r in regions), 2)}
+    return {"speaker": who, "score": round(min(float(r["score"]) for r in regions), 2), **extra}
 
 
 def _turn(region: dict[str, Any]) -> str:

@@ -231,6 +231,15 @@ class SpeakerConfig:
     step_s: float
     switch_penalty: float
     contrast_min: float
+    av_agreement: bool  # decide speakers on audio-visual agreement when the film has its own audio
+    av_lag_s: float  # audio-visual agreement: the lag search covers +-this
+    av_window_s: float  # agreement correlation window around each step
+    av_margin_s: float  # ... reaching this far outside the step's stretch of speech
+    av_min_window_s: float  # ... and at least this long
+    av_on: float  # agreement above this (leading the other talking faces by av_margin): the speaker
+    av_off: float  # talking faces all below this: nobody on screen says the line
+    av_scale: float  # agreement above av_on of a full-strength score
+    av_margin: float  # the speaker must out-agree every other talking face by this, else uncertain
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float

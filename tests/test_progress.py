@@ -92,6 +92,7 @@ def test_artifacts_of_a_run(tmp_path: Path):
         "reused": "",
         "speaker": "",
         "score": "",
+        "agreement": "",
         "reason": "",
     }
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "OOM"

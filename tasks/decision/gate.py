@@ -120,7 +120,9 @@ def speaker_turns(
         end = faces.num_frames if i == len(segs) - 1 else (seg.end_frame + segs[i + 1].start_frame) // 2
         track, ambiguous = _target(seg, faces, uncertain)
         scored = (seg.score, seg.end_frame - seg.start_frame)
-        if turns and turns[-1][2] == track:  # the same speaker (or nobody) goes on: one turn
+        # the same speaker (or nobody) goes on: one turn; [issue 24] unless one of them is sure and the
+        # other ambiguous (agreement segments: a clear line next to an unclear one stays apart)
+        if turns and turns[-1][2] == track and (turns[-1][4] == ambiguous or faces.agreement == ()):
             turns[-1][1] = end
             turns[-1][3].append(scored)
             turns[-1][4] = turns[-1][4] or ambiguous

@@ -4,7 +4,9 @@ Holds `SpeakerConfig` -> settings conversion, the source's speech timeline (Sile
 first audio stream, streamed, one probability per 32 ms), and `analyse_shot`: decode the shot once at
 analysis size in display orientation (rotation and SAR applied, longest side `detect_max_side`), detect
 faces on every `detect_every`-th frame, link tracks, measure mouth activity on every frame from the
-interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`).  The result (`ShotFaces`) keeps
+interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`), judged again on each
+face's audio-visual agreement with the film's own audio (`tasks.perception.av_sync`, its envelope decoded
+here) when the speech timeline is the source's.  The result (`ShotFaces`) keeps
 boxes in display pixels, so the estimate, the shot table, the QC sheet and the region planner read them
 without decoding again.  Runs in planning; the GPU path only reads the record.
 Must not decide whether a shot is dubbed (that is `tasks.decision.gate`).
@@ -26,9 +28,17 @@ from tasks.config import SpeakerConfig
 from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
+from tasks.perception.av_sync import SyncSettings, agreement, mouth_motion, speech_envelope
 from tasks.perception.faces import FaceDetector
 from tasks.perception.lips import MouthMeter, mouth_activity
-from tasks.perception.speaker import SpeakerSegment, SpeakerSettings, find_speakers, still_tracks
+from tasks.perception.speaker import (
+    AvSettings,
+    SpeakerSegment,
+    SpeakerSettings,
+    find_speakers,
+    refine_with_agreement,
+    still_tracks,
+)
 from tasks.perception.tracks import Tracker, appearance
 from tasks.perception.vad import RATE, StreamingVad, at_frames
 
@@ -44,15 +54,39 @@ def speaker_settings(cfg: SpeakerConfig) -> SpeakerSettings:
     )  # fmt: skip
 
 
+def sync_settings(cfg: SpeakerConfig) -> SyncSettings:
+    return SyncSettings(cfg.av_lag_s, cfg.av_window_s, cfg.av_margin_s, cfg.av_min_window_s)
+
+
+def av_settings(cfg: SpeakerConfig) -> AvSettings:
+    return AvSettings(cfg.av_on, cfg.av_off, cfg.av_scale, cfg.av_margin)
+
+
+def _source_audio_args(info: VideoInfo, start: int, end: int) -> list[str]:
+    """ffmpeg arguments decoding the film's first audio stream over frames [start, end) to mono f32 at RATE."""
+    t0 = info.seek_offset_s + float(start / info.fps)
+    dur = float((end - start) / info.fps)
+    args = ["-v", "error", "-ss", f"{max(0.0, t0):.6f}", "-i", info.path, "-map", f"0:{info.audio[0].index}"]
+    return args + ["-t", f"{dur:.6f}", "-vn", "-sn", "-dn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
+
+
+def source_envelope(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
+    """(2, end - start) speech envelope of the film's own audio over frames [start, end)
+    (`tasks.perception.av_sync.speech_envelope`); None when the film has no audio stream."""
+    if not info.audio:
+        return None
+    args = _source_audio_args(info, start, end)
+    blocks = ffmpeg.read_blocks(args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True)
+    samples = np.concatenate([np.frombuffer(b, np.float32) for b in blocks] or [np.zeros(0, np.float32)])
+    return speech_envelope(samples, RATE, end - start, float(info.fps))
+
+
 def source_speech(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
     """Speech probability at each of the film's frames [start, end), from its own first audio stream (Silero
     VAD over that stretch only); None when the film has no audio stream."""
     if not info.audio:
         return None
-    t0 = info.seek_offset_s + float(start / info.fps)
-    dur = float((end - start) / info.fps)
-    args = ["-v", "error", "-ss", f"{max(0.0, t0):.6f}", "-i", info.path, "-map", f"0:{info.audio[0].index}"]
-    args += ["-t", f"{dur:.6f}", "-vn", "-sn", "-dn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
+    args = _source_audio_args(info, start, end)
     vad = StreamingVad()
     blocks = ffmpeg.read_blocks(args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True)
     probs = np.concatenate([*(vad.feed(np.frombuffer(buf, np.float32)) for buf in blocks), vad.finish()])
@@ -92,9 +126,21 @@ class ShotFaces:
     activity: tuple[tuple[float | None, ...], ...]  # per track, mouth activity per step (None: absent)
     step_frames: int
     cpu_s: float
+    # per track, audio-visual agreement with the source's speech per step (None: absent, no speech, or no
+    # source audio); empty when the speakers were found from mouth activity alone (no source audio)
+    agreement: tuple[tuple[float | None, ...], ...] = ()
 
     def track(self, track_id: int) -> TrackInfo:
         return next(t for t in self.tracks if t.id == track_id)
+
+    def mean_agreement(self) -> dict[int, float]:
+        """{track id: mean audio-visual agreement over the steps it was measured in} (the shot table's)."""
+        out = {}
+        for tr, row in zip(self.tracks, self.agreement, strict=False):
+            vals = [v for v in row if v is not None]
+            if vals:
+                out[tr.id] = round(float(np.mean(vals)), 2)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +165,7 @@ class ShotFaces:
             tuple(SpeakerSegment.from_dict(s) for s in d["segments"]), tuple(float(v) for v in d["speech"]),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d["activity"]),
             int(d["step_frames"]), float(d["cpu_s"]),
+            tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("agreement") or ()),
         )  # fmt: skip
 
 
@@ -164,9 +211,13 @@ def analyse_frames(
     fps: float,
     cfg: SpeakerConfig,
     display_hw: tuple[int, int],
+    envelope: np.ndarray | None = None,
 ) -> ShotFaces:
     """`analyse_shot` on decoded analysis frames (RGB uint8, display orientation), streamed.
 
+    ``envelope`` (2, n_frames): the source's speech envelope (`source_envelope`); with it the speakers are
+    found by mouth activity (`find_speakers`) and judged again on audio-visual agreement
+    (`refine_with_agreement`); without it by mouth activity alone.
     Only the frames since the last detection are held: they are measured once the next detection has
     placed every live track at both ends.
     """
@@ -191,7 +242,17 @@ def analyse_frames(
     activity = mouth_activity(mouth, upper)
     change = mouth + upper
     speech_prob = np.asarray(speech_prob, np.float64)[:n_frames]
-    segments = find_speakers(activity, change, speech_prob, fps, settings)
+    step = max(1, round(cfg.step_s * fps))
+    agree_rows: tuple[tuple[float | None, ...], ...] = ()
+    if envelope is not None:
+        env = np.asarray(envelope, np.float64)[:, :n_frames]
+        motion = mouth_motion(meter.motion_rows([tr.id for tr in tracks]))
+        agree = agreement(motion, env, speech_prob >= 0.5, fps, step, sync_settings(cfg))
+        segments = find_speakers(activity, change, speech_prob, fps, settings)
+        segments = refine_with_agreement(segments, activity, change, agree, fps, settings, av_settings(cfg))
+        agree_rows = tuple(tuple(None if np.isnan(v) else round(float(v), 3) for v in row) for row in agree)
+    else:
+        segments = find_speakers(activity, change, speech_prob, fps, settings)
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
     infos = tuple(
@@ -206,7 +267,6 @@ def analyse_frames(
         )  # fmt: skip
         for k, tr in enumerate(tracks)
     )
-    step = max(1, round(cfg.step_s * fps))
     steps = range(0, n_frames, step)
     speech_steps = tuple(round(float(np.mean(speech_prob[s : s + step])), 2) for s in steps)
     act_steps = tuple(
@@ -218,7 +278,7 @@ def analyse_frames(
     )
     return ShotFaces(
         n_frames, fps, display_hw, (int(hw[0]), int(hw[1])), True, infos, tuple(segments), speech_steps,
-        act_steps, step, round(time.process_time() - t0, 3),
+        act_steps, step, round(time.process_time() - t0, 3), agree_rows,
     )  # fmt: skip
 
 
@@ -233,13 +293,16 @@ def analyse_shot(
 ) -> ShotFaces:
     """Faces, tracks and speakers of the film's frames [start, end); ``speech_prob`` is per shot frame.
 
+    With ``source_audio`` (the speech timeline is the film's own), the speakers are those whose lips agree
+    with that audio (its envelope decoded here); otherwise mouth activity decides.
     ``cpu_s`` counts this process's CPU time, decoding included except ffmpeg's own (a child process).
     """
     w, h = info.display_size
     hw = analysis_size((h, w), cfg.detect_max_side)
     t0 = time.process_time()
+    envelope = source_envelope(info, start, end) if source_audio and cfg.av_agreement else None
     frames = display_frames(info, start, end, hw)
-    out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w))
+    out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w), envelope)
     cpu = round(time.process_time() - t0, 3)
     log.debug(
         "frames %d-%d: %d tracks, %d segments, %.2f CPU-s",
@@ -259,6 +322,9 @@ __all__ = [
     "analyse_shot",
     "analysis_size",
     "display_frames",
+    "av_settings",
+    "source_envelope",
     "source_speech",
     "speaker_settings",
+    "sync_settings",
 ]

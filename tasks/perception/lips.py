@@ -8,8 +8,9 @@ strength (so a head that moves, a crop that jitters or a photo under a camera mo
 motion).  The comparison spans `lag` frames (`speaker.mouth_lag_s`, 0.16 s): over two frames (80 ms)
 the lips of a low-motion talker change about as little as the jitter of the interpolated RetinaFace
 landmarks moves the patch; over 0.12-0.24 s their motion adds up.  Mouth activity = mouth change minus
-the upper-face change (blinks, lighting, compression noise and residual head motion move both).  A face whose patches never
-change at all is a still picture (a poster, a photo, a paused screen).
+the upper-face change (blinks, lighting, compression noise and residual head motion move both).  The frame-to-frame mouth
+change (`motion_rows`) is kept too: its rhythm is what `tasks.perception.av_sync` compares with the speech.
+A face whose patches never change at all is a still picture (a poster, a photo, a paused screen).
 Must not decode media nor decide who speaks.
 """
 
@@ -73,6 +74,7 @@ class MouthMeter:
         self.lag = max(1, lag)  # compare with the patch this many frames back
         self._mouth: dict[int, np.ndarray] = {}  # track id -> (n_frames,)
         self._upper: dict[int, np.ndarray] = {}
+        self._motion: dict[int, np.ndarray] = {}  # frame-to-frame mouth change (audio-visual agreement)
         self._prev: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []  # the last `lag` frames' patches
 
     def feed(self, t: int, frame: np.ndarray, faces: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -85,6 +87,11 @@ class MouthMeter:
             if pm is None or pu is None:
                 continue
             seen[k] = (pm, pu)
+            last = self._prev[-1] if self._prev else {}
+            if k in last:
+                if k not in self._motion:
+                    self._motion[k] = np.full(self.n_frames, np.nan, np.float32)
+                self._motion[k][t] = _change(last[k][0], pm)
             old = self._prev[0] if len(self._prev) == self.lag else {}
             if k in old:
                 if k not in self._mouth:
@@ -100,6 +107,11 @@ class MouthMeter:
         mouth = np.array([self._mouth.get(k, empty) for k in ids]).reshape(len(ids), self.n_frames)
         upper = np.array([self._upper.get(k, empty) for k in ids]).reshape(len(ids), self.n_frames)
         return mouth, upper
+
+    def motion_rows(self, ids: list[int]) -> np.ndarray:
+        """(len(ids), n_frames) frame-to-frame mouth change, NaN where a track was not measured."""
+        empty = np.full(self.n_frames, np.nan, np.float32)
+        return np.array([self._motion.get(k, empty) for k in ids]).reshape(len(ids), self.n_frames)
 
 
 def mouth_activity(mouth: np.ndarray, upper: np.ndarray) -> np.ndarray:

@@ -11,10 +11,17 @@ Holds the active-speaker decision, pure numpy on per-frame signals (no media, no
    ("none": voice-over, off-screen speaker, only listeners on screen), or "uncertain" when another visible
    face moves its lips too (two talking faces: lip motion alone cannot tell; the one that is still in the
    shot's pauses and moves in its speech wins only if that contrast is clear).
+
+4. With the source's own audio, `refine_with_agreement` judges each segment again on audio-visual
+   agreement (`tasks.perception.av_sync`): where several mouths move, the one whose motion follows the
+   speech clearly better is the speaker (a moving listener, an out-of-sync face lose), none following it
+   is "none", neither clearly is "uncertain"; a lone moving mouth that does not follow the speech at all
+   is "none" (a reaction shot under an off-screen voice).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +38,16 @@ class SpeakerSettings:
     step_s: float  # decision step
     switch_penalty: float  # evidence (in steps x activity_on units) a speaker change must win by
     contrast_min: float  # speech-minus-pause activity gap that resolves an uncertain pair
+
+
+@dataclass(frozen=True)
+class AvSettings:
+    """Thresholds of the agreement decision (the `speaker:` section's av_* keys)."""
+
+    on: float  # agreement above this (and a lead of ``margin``): the lips follow the speech
+    off: float  # talking faces all below this: nobody on screen says the line
+    scale: float  # agreement above ``on`` of a full-strength score
+    margin: float  # the speaker must out-agree every other talking face by this, else "uncertain"
 
 
 @dataclass(frozen=True)
@@ -219,4 +236,103 @@ def _judge(
     return SpeakerSegment(f0, f1, "speaker", chosen, round(score, 3))
 
 
-__all__ = ["SpeakerSegment", "SpeakerSettings", "find_speakers", "still_tracks"]
+def _step_means(x: np.ndarray, step: int, n_steps: int) -> np.ndarray:
+    """(rows, n_steps) NaN-aware mean of each row over each step (NaN where a step has no value)."""
+    out = np.full((x.shape[0], n_steps), np.nan)
+    for s in range(n_steps):
+        part = x[:, s * step : (s + 1) * step]
+        ok = ~np.isnan(part)
+        has = ok.any(axis=1)
+        out[has, s] = np.nansum(np.where(ok, part, 0.0)[has], axis=1) / ok[has].sum(axis=1)
+    return out
+
+
+def _row_means(x: np.ndarray) -> np.ndarray:
+    """(rows,) NaN-aware mean of each row (NaN where a row has no value)."""
+    ok = ~np.isnan(x)
+    return np.where(
+        ok.any(axis=1), np.nansum(np.where(ok, x, 0.0), axis=1) / np.maximum(1, ok.sum(axis=1)), np.nan
+    )
+
+
+def refine_with_agreement(
+    segments: list[SpeakerSegment],
+    activity: np.ndarray,
+    face_change: np.ndarray,
+    agree: np.ndarray,
+    fps: float,
+    settings: SpeakerSettings,
+    av: AvSettings,
+) -> list[SpeakerSegment]:
+    """The activity segments (`find_speakers`) judged again on audio-visual agreement.
+
+    agree (n_tracks, n_steps): each track's agreement with the source's speech per ``step_s`` step
+    (`tasks.perception.av_sync.agreement`).  Per segment, the talking faces are the chosen one and every
+    other face whose mouth moves above ``activity_on`` over it (still pictures never):
+
+    - one talking face: it stays the speaker unless its motion does not follow the speech at all
+      (agreement below ``off``): then nobody on screen says the line ("none": a reaction shot, a
+      listener mouthing along under an off-screen voice);
+    - several: the one whose agreement is above ``on`` and leads every other talking face's by
+      ``margin`` is the speaker (a moving listener, a face out of sync); none above ``off``: "none";
+      otherwise "uncertain", most agreeing first (two speakers, or lips that cannot tell).
+    "none" segments (no moving mouth) are kept.
+    """
+    if not segments or activity.ndim != 2 or activity.shape[0] == 0:
+        return segments
+    n_tracks, n_frames = activity.shape
+    step = max(1, round(settings.step_s * fps))
+    n_steps = agree.shape[1]
+    still = still_tracks(face_change, settings)
+    act = _smooth(activity.astype(np.float64), max(1, round(settings.smooth_s * fps)))
+    steps_act = _step_means(np.where(still[:, None], np.nan, act), step, n_steps)
+    out = []
+    for seg in segments:
+        if seg.status == "none" or seg.speaker is None:
+            out.append(seg)
+            continue
+        sl = slice(seg.start_frame // step, max(seg.start_frame // step + 1, -(-seg.end_frame // step)))
+        a, moving = _row_means(agree[:, sl]), _row_means(steps_act[:, sl])
+        talking = [
+            k
+            for k in range(n_tracks)
+            if not still[k] and not np.isnan(a[k]) and moving[k] >= settings.activity_on
+        ]
+        if seg.speaker not in talking and not np.isnan(a[seg.speaker]):
+            talking.append(seg.speaker)
+        out.append(_judge_av(seg, sorted(((float(a[k]), k) for k in talking), reverse=True), av))
+    return out
+
+
+def _judge_av(seg: SpeakerSegment, ranked: list[tuple[float, int]], av: AvSettings) -> SpeakerSegment:
+    """One segment judged on the agreement of its talking faces, ``ranked`` [(agreement, track)] best first."""
+    if not ranked:  # the chosen face is not measured here (no agreement): the activity verdict stands
+        return seg
+    best, top = ranked[0]
+    if best < av.off:  # moving mouths, none following the speech
+        return dataclasses.replace(
+            seg,
+            status="none",
+            speaker=None,
+            runner_up=None,
+            score=round(float(np.clip((av.off - best) / 0.3, 0, 1)), 3),
+        )
+    if len(ranked) == 1:
+        return seg
+    second, rival = ranked[1]
+    strength = float(np.clip((best - av.on) / (2 * av.scale), 0.0, 1.0))
+    lead = float(np.clip((best - second) / (2 * av.margin), 0.0, 1.0))
+    score = round(0.5 * (strength + lead), 3)
+    if best >= av.on and best - second >= av.margin:
+        return dataclasses.replace(seg, status="speaker", speaker=top, runner_up=None, score=max(score, 0.5))
+    return dataclasses.replace(seg, status="uncertain", speaker=top, runner_up=rival, score=score)
+
+
+__all__ = [
+    "AvSettings",
+    "SpeakerSegment",
+    "SpeakerSettings",
+    "refine_with_agreement",
+    "find_speakers",
+    "still_tracks",
+]

@@ -4,8 +4,9 @@ Holds `SpeakerOverlay`, built from a shot's face analysis (`tasks.perception.fac
 regions (`tasks.decision.gate.DubRegion`): `annotate` draws on a source frame (display orientation, display
 pixels) every track visible at that frame (grey; still pictures red) with its character's name when
 known, the dubbed speaker's face (both faces of a two-speaker turn) in green with its track id and score,
-and the dubbed crop box; `timeline` draws a strip under the sheet: the
-source's speech probability, each track's mouth activity and who is dubbed when.
+and the dubbed crop box, each face labelled with its audio-visual agreement with the speech ("av +0.42")
+where measured; `timeline` draws a strip under the sheet: the source's speech probability, each track's
+mouth activity and agreement, and who is dubbed when.
 Pure drawing on arrays; must not decode or decide anything.
 """
 
@@ -62,12 +63,22 @@ class SpeakerOverlay:
                 + (f" {self.names[str(tr.id)]}" if str(tr.id) in self.names else "")
                 + (" still" if tr.still else "")
                 + (f" speaks {region.score:.2f}" if chosen else "")
+                + self._agreement_label(tr.id, t)
             )
             _text(out, label, (box[0], max(12, box[1] - 4)), colour, scale)
         if region is not None:
             x0, y0, x1, y1 = region.plan.box_at(t - region.start_frame)
             cv2.rectangle(out, (x0, y0), (x1 - 1, y1 - 1), YELLOW, thick)
         return out
+
+    def _agreement_label(self, track: int, t: int) -> str:
+        """ " av +0.42": the track's audio-visual agreement at frame t ("" without one)."""
+        rows = self.faces.agreement
+        if track >= len(rows) or not rows[track]:
+            return ""
+        k = min(len(rows[track]) - 1, t // max(1, self.faces.step_frames))
+        v = rows[track][k]
+        return "" if v is None else f" av {v:+.2f}"
 
     def timeline(self, width: int) -> np.ndarray:
         """(h, width, 3) strip: speech probability (white), mouth activity per track, dubbed turns below."""
@@ -92,6 +103,11 @@ class SpeakerOverlay:
             ]
             if len(pts) > 1:
                 cv2.polylines(img, [np.array(pts, np.int32)], False, colour, 1, cv2.LINE_AA)
+        for k, row in enumerate(faces.agreement):  # agreement -1..1 as dots (0 at mid height)
+            colour = TRACK_COLOURS[k % len(TRACK_COLOURS)]
+            for x, v in zip(xs, row, strict=False):
+                if v is not None:
+                    cv2.circle(img, (int(x), int(h_plot * (1 - (v + 1) / 2))), 2, colour, -1)
         n = max(1, faces.num_frames)
         for r in self.regions:
             a, b = int(r.start_frame / n * (width - 1)), int(r.end_frame / n * (width - 1))
@@ -102,7 +118,7 @@ class SpeakerOverlay:
             _text(img, label, (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
         _text(
             img,
-            "speech (grey), mouth activity per track, dubbed speaker per turn",
+            "speech (grey), mouth activity per track (lines), agreement with the speech (dots), dubbed turns",
             (4, h_plot + h_bar + 15),
             GREY,
             0.38,

@@ -1,0 +1,88 @@
+"""Who speaks when two mouths move: the audio-visual cases (tests/av_cases.py) through the real pipeline.
+
+Encodes every case (both sets: ``tune``, the one the `speaker.av_*` thresholds were set on, and
+``held_out``) as a film, decides it as one shot (`tasks.decision.shot_decision.decide_shot`: decode, VAD,
+faces, agreement, gate) and prints per case: the truth, the gate's speaker turns (frames, face or none,
+status, score; `speaker.uncertain` decides what an uncertain turn dubs), each
+face's mean agreement over the speech, the verdict (right / uncertain / wrong), the onset error of each
+true turn in frames (first dubbed frame minus the frame its speech starts; <= 0 is in time) and the switch
+error of the turn-taking case, plus the analysis's CPU-s per video-s of each case.  `--set KEY=VALUE`
+overrides the config.  CPU only, a few minutes.  Must not be imported by the pipeline.
+
+    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--only NAME] [--sizes 80,120,...] [--set speaker.KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tasks.config import load_config
+from tasks.decision.gate import speaker_turns
+from tasks.decision.shot_decision import decide_shot
+from tasks.media.probe import probe
+from tasks.perception.face_analysis import ShotFaces
+from tests.av_cases import av_cases, judge, small_face
+from tests.speaker_cases import FPS, SR, encode
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument(
+        "--sizes", default="", help="instead: the small-face wide shot at these face heights (px)"
+    )
+    args = ap.parse_args()
+    cfg = load_config(overrides=args.set)
+    print(
+        "| case | truth | turns: frames face status score | agreement per face | result | onset (frames) | switch (s) | CPU-s/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        todo = av_cases()
+        if args.sizes:  # the smallest reliable face: the wide shot at several sizes, both sets
+            px = [int(v) for v in args.sizes.split(",")]
+            todo = {
+                f"{sp}/{c}": small_face(sp, a, b, p)
+                for p in px
+                for sp, a, b in (("tune", 2, 1), ("held_out", 4, 5))
+                for c in [f"small_face_{p}px"]
+            }
+        for name, case in todo.items():
+            if args.only not in name:
+                continue
+            info = probe(encode(Path(tmp) / f"{name.replace('/', '_')}.mp4", case.frames, case.audio))
+            d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg)
+            faces = d.details["faces"]
+            shot = ShotFaces.from_dict(faces)
+            turns = [
+                (a, b, None if k is None else case.who(shot.track(k).boxes[0]), st, sc)
+                for a, b, k, sc, st in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
+            ]
+            v = judge(case, [t[:4] for t in turns])
+            truth = ", ".join(f"{a}-{b} {'none' if k is None else f'face {k}'}" for a, b, k in case.truth)
+            shown = "; ".join(
+                f"{a}-{b} {'none' if k is None else f'face {k}'} {st} {sc:.2f}" for a, b, k, st, sc in turns
+            )
+            agree = []
+            for t, row in zip(faces["tracks"], faces.get("agreement") or [], strict=False):
+                vals = [v for v in row if v is not None]
+                k = case.who(t["boxes"][0])
+                agree.append(f"{k}: {np.mean(vals):+.2f}" if vals else f"{k}: -")
+            cost = faces["cpu_s"] / (case.frames.shape[0] / FPS)
+            sw = "" if v.switch_s is None else f"{v.switch_s:+.2f}"
+            print(
+                f"| {name} | {truth} | {shown} | {', '.join(agree)} | {v.result} ({v.why}) | "
+                f"{'/'.join(map(str, v.onset_frames))} | {sw} | {cost:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Dialogue cases where more than one mouth moves, composed from the real talking heads in tests/data/talking.
+
+Truth by construction: the source audio is one seed's own recorded voice, so the face showing that seed's
+frames in step with it is the speaker; every other face is a listener whose mouth moves too (another seed
+talking with its voice left out, or a seed's talking frames played backwards: lips that move without
+saying anything heard), or an out-of-sync copy of the speaker.  The cases (each 4.8-5.2 s, 25 fps):
+
+- ``moving_listener``: the speaker beside a listener whose lips move backwards (reacting, mouthing);
+- ``two_moving``: two faces talking, only the speaker's voice on the track;
+- ``turn_taking``: the left face talks while the right one moves its lips silently, then the other way
+  round (the right face's own voice), no stems;
+- ``three_faces``: three faces, the middle one speaking, both others moving their lips;
+- ``small_face``: a 1920x1080 wide shot, the speaker's face 60-100 px tall beside a moving listener;
+- ``out_of_sync``: the speaker beside a mirrored copy of itself 0.6 s late;
+- ``reaction``: a reaction shot, one face moving its lips while an off-screen voice speaks (nobody).
+
+Each case comes in two sets: ``tune`` (the voices are seeds 2 and 1, the other faces seeds 1 and 3) and
+``held_out`` (the voices are seeds 4 and 5; seed 1's face is one of the three-face listeners); the
+thresholds were tuned on the first set only.  `judge` scores a decision's regions against the truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from tasks.perception.vad import HOP_S, VadSettings, segments, speech_probs
+from tests.speaker_cases import FPS, SR, seed_audio, seed_frames
+
+N = 120  # frames of a case (4.8 s)
+BG = 60
+FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153}  # RetinaFace box height of each seed at 256 px
+
+
+@dataclass(frozen=True)
+class AvCase:
+    name: str
+    split: str  # tune | held_out
+    frames: np.ndarray  # (T, H, W, 3)
+    audio: np.ndarray  # (S,) float32 at SR
+    centres_x: tuple[int, ...]  # x of each face's clip centre (display pixels), left to right
+    truth: tuple[tuple[int, int, int | None], ...]  # (start frame, end frame, index into centres_x or None)
+    onsets: tuple[int, ...]  # the frame each true speaker turn's speech starts
+
+    def who(self, box: tuple[int, ...] | list[int]) -> int:
+        """Index of the face (centres_x) a display-pixel box lies over."""
+        cx = (box[0] + box[2]) / 2
+        return int(np.argmin([abs(cx - c) for c in self.centres_x]))
+
+
+def _voice(i: int, n: int, start: int = 0) -> np.ndarray:
+    a = seed_audio(i)[round(start / FPS * SR) :]
+    want = round(n / FPS * SR)
+    return np.pad(a, (0, max(0, want - len(a))))[:want].astype(np.float32)
+
+
+@functools.cache
+def _speech_starts(i: int) -> tuple[int, ...]:
+    """Frames where seed i's own speech starts (its VAD segments' starts), the truth's onsets."""
+    a = seed_audio(i)
+    segs = segments(speech_probs(a), VadSettings(0.5, 0.25, 0.1, 0.0), len(a) / SR)
+    return tuple(int(np.floor(s0 / (1 / FPS))) for s0, _ in segs if s0 > HOP_S) or (0,)
+
+
+def talking(i: int, n: int, start: int = 0) -> np.ndarray:
+    """n frames of seed i talking from frame ``start`` (its last frames held when it runs out)."""
+    f = seed_frames(i)
+    return f[np.minimum(np.arange(start, start + n), len(f) - 1)]
+
+
+def backwards(i: int, n: int) -> np.ndarray:
+    """n frames of seed i's talking played from its end backwards: moving lips, no speech heard."""
+    f = seed_frames(i)
+    return f[::-1][np.arange(n) % len(f)]
+
+
+def canvas(clips: list[np.ndarray], size_hw: tuple[int, int], scale: list[float] | None = None) -> tuple:
+    """Clips side by side on a grey canvas, each scaled by ``scale``: (frames, clip centres x)."""
+    h, w = size_hw
+    n = min(len(c) for c in clips)
+    scale = scale or [1.0] * len(clips)
+    sides = [round(256 * s / 2) * 2 for s in scale]
+    gap = (w - sum(sides)) // (len(clips) + 1)
+    out = np.full((n, h, w, 3), BG, np.uint8)
+    xs, x = [], gap
+    for clip, side in zip(clips, sides, strict=True):
+        y = (h - side) // 2
+        for t in range(n):
+            tile = clip[t] if side == 256 else cv2.resize(clip[t], (side, side), interpolation=cv2.INTER_AREA)
+            out[t, y : y + side, x : x + side] = tile
+        xs.append(x + side // 2)
+        x += side + gap
+    return out, tuple(xs)
+
+
+def _case(name, split, clips, size, audio, truth, onsets, scale=None) -> AvCase:
+    frames, xs = canvas(clips, size, scale)
+    return AvCase(name, split, frames, audio, xs, truth, onsets)
+
+
+def _set(split: str, a: int, b: int, c: int) -> list[AvCase]:
+    """The seven cases with speaker voice ``a`` and listeners from seeds ``b`` and ``c``."""
+    two, three = (360, 640), (360, 900)
+    on_a = _speech_starts(a)[0] if _speech_starts(a)[0] < 10 else 0
+    onset = (0,) if on_a < 3 else (on_a,)
+    out = [
+        _case(
+            "moving_listener", split, [talking(a, N), backwards(b, N)], two, _voice(a, N), ((0, N, 0),), onset
+        ),
+        _case(
+            "two_moving", split, [talking(b, N, 10), talking(a, N)], two, _voice(a, N), ((0, N, 1),), onset
+        ),
+    ]
+    # turn-taking: a talks for 62 frames while b's lips move silently, then b answers with its own voice
+    # while a mouths backwards; b's answer starts where its own speech starts (from its first frame)
+    cut = 62
+    left = np.concatenate([talking(a, cut), backwards(a, N - cut)])
+    right = np.concatenate([backwards(b, cut), talking(b, N - cut)])
+    audio = np.concatenate([_voice(a, cut), _voice(b, N - cut)])
+    b_on = next((f for f in _speech_starts(b) if f < 20), 0)
+    out.append(
+        _case(
+            "turn_taking", split, [left, right], two, audio, ((0, cut, 0), (cut, N, 1)), (*onset, cut + b_on)
+        )
+    )
+    out.append(
+        _case("three_faces", split, [backwards(b, N), talking(a, N), talking(c, N, 5)], three, _voice(a, N),
+              ((0, N, 1),), onset, [0.9, 0.9, 0.9])
+    )  # fmt: skip
+    out.append(dataclasses.replace(small_face(split, a, b, 80), name="small_face"))  # faces ~80 px in 1080p
+    late = np.concatenate([np.repeat(talking(a, 1), 15, 0), talking(a, N - 15)])[:, :, ::-1]
+    out.append(_case("out_of_sync", split, [talking(a, N), late], two, _voice(a, N), ((0, N, 0),), onset))
+    out.append(_case("reaction", split, [backwards(b, N)], two, _voice(a, N), ((0, N, None),), ()))
+    return out
+
+
+def small_face(split: str, a: int, b: int, face_px: int) -> AvCase:
+    """A 1920x1080 wide shot: speaker ``a`` beside listener ``b`` (mouthing backwards), faces ``face_px`` tall."""
+    on_a = _speech_starts(a)[0]
+    onset = (0,) if on_a < 3 or on_a >= 10 else (on_a,)
+    scale = [face_px / FACE_H[a], face_px / FACE_H[b]]
+    clips = [talking(a, N), backwards(b, N)]
+    return _case(
+        f"small_face_{face_px}px", split, clips, (1080, 1920), _voice(a, N), ((0, N, 0),), onset, scale
+    )
+
+
+def av_cases() -> dict[str, AvCase]:
+    """Both sets, keyed "<split>/<name>": tune (voices of seeds 2 and 3) and held_out (seeds 4 and 5)."""
+    cases = _set("tune", 2, 1, 3) + _set("held_out", 4, 5, 1)
+    return {f"{c.split}/{c.name}": c for c in cases}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    result: str  # right | uncertain | wrong
+    onset_frames: tuple[
+        int, ...
+    ]  # per true turn: its first dubbed frame minus its speech onset (<= 0: in time)
+    switch_s: float | None  # turn-taking: first frame of the second speaker's turn minus the true switch
+    why: str
+
+
+def judge(case: AvCase, turns: list[tuple[int, int, int | None, str]], tolerance: int = 5) -> Verdict:
+    """The gate's speaker turns [(start, end, face index or None, status)] (covering the shot) against the
+    truth.  "right": every true turn is >= 90 % covered by confident turns of its face ("none" for nobody)
+    and at most ``tolerance`` frames are confidently given to anything else; "wrong": more than that
+    (a wrong face dubbed as the speaker, or a speaker's line judged nobody's); else "uncertain" (the
+    turns the shot table marks uncertain)."""
+    n = case.frames.shape[0]
+    truth = np.full(n, -2)  # face index, -2: nobody
+    for a, b, k in case.truth:
+        truth[a:b] = -2 if k is None else k
+    sure = np.full(n, -1)  # face index, -2: confidently nobody, -1: uncertain
+    for a, b, k, status in turns:
+        if status != "uncertain":
+            sure[a:b] = -2 if k is None else k
+    wrong = int(((sure != -1) & (sure != truth)).sum())
+    covered = [float((sure[a:b] == (-2 if k is None else k)).mean()) for a, b, k in case.truth]
+    onsets = []
+    for (a, b, k), on in zip([t for t in case.truth if t[2] is not None], case.onsets, strict=True):
+        hit = np.flatnonzero(sure[a:b] == k)
+        onsets.append(int(a + hit[0] - on) if len(hit) else 99)
+    switch = None
+    spoken = [t for t in case.truth if t[2] is not None]
+    if len(spoken) > 1:
+        second = [a for a, b, k, st in turns if k == spoken[1][2] and st != "uncertain" and a > 0]
+        switch = round((second[0] - spoken[1][0]) / FPS, 2) if second else None
+    why = f"{wrong} frames confidently wrong; truth covered " + "/".join(f"{c:.0%}" for c in covered)
+    if wrong > tolerance:
+        return Verdict("wrong", tuple(onsets), switch, why)
+    if min(covered) >= 0.9 and (switch is None or abs(switch) <= 0.2):
+        return Verdict("right", tuple(onsets), switch, why)
+    return Verdict("uncertain", tuple(onsets), switch, why)
+
+
+__all__ = ["AvCase", "Verdict", "av_cases", "backwards", "canvas", "judge", "small_face", "talking"]
