@@ -396,6 +396,7 @@ def wait(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s film_gpu: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call otherwise
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["run", "start", "wait"])
     parser.add_argument("--work", default="/tmp/film", help="weights root, film, stack, workspace, result")
