@@ -20,7 +20,8 @@ On a GPU host without internet (the offline bundle: `scripts/device_bundle.sh`),
 
 Device commands may run 10 minutes each: `start` runs `run` detached in its own process session (the
 stack survives between commands while the host is held), `wait` follows it for up to `--wait-s` seconds
-(exit 0 passed, 1 failed, 3 still running: call `wait` again).
+(exit 0 passed, 1 failed, 3 still running: call `wait` again). `report` recomputes the figures and checks
+from what `run` read back (WORK/readback.json), without the stack.
 
     python3 benchmarks/film_gpu.py start --work /tmp/film && python3 benchmarks/film_gpu.py wait --work /tmp/film
     python benchmarks/film_gpu.py run --tiny --work /tmp/film --shots 8 --film-s 24 --size 640x360
@@ -145,6 +146,23 @@ def kill_worker_of(stack: Stack, group_run_id: str) -> dict[str, Any]:
     raise RuntimeError(f"no gpu worker process runs group run {group_run_id}")
 
 
+def restart_worker(stack: Stack, kill: dict[str, Any], reap_s: float = 60.0) -> str:
+    """`stack.sh workers` once the killed processes are gone; the new worker's pid. A killed worker not
+    yet reaped (a zombie) still answers `kill -0`: stack.sh would take it for the live worker, so its pid
+    file (naming a process this script killed) is removed first."""
+    deadline = time.monotonic() + reap_s
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in kill["killed_pids"]):
+        time.sleep(0.2)
+    for pid_file in stack.home.glob(f"run/*/{kill['worker']}.pid"):
+        if pid_file.read_text().strip() == str(kill["worker_pid"]):
+            pid_file.unlink()
+    out = stack.sh("workers", timeout=300).stderr.strip()
+    pid = stack.pid_files().get(kill["worker"])
+    if pid is None or pid == kill["worker_pid"]:
+        raise RuntimeError(f"{kill['worker']} was not restarted: {out}")
+    return f"{kill['worker']} pid {pid}"
+
+
 def _progress(client: Any, key: str) -> float | None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -214,8 +232,7 @@ def _first_run_with_kill(stack: Stack, params: dict[str, Any], args: argparse.Na
         kill["done_at_kill"] = sorted(a["shot"] for a in done_lines if a["status"] == "done")
         log.info("killed %s (pids %s) in shot %04d at %.0f %%", kill["worker"], kill["killed_pids"],
                  kill_shot, kill["progress_pct"])  # fmt: skip
-        restarted = stack.sh("workers", timeout=300)
-        kill["restart"] = restarted.stderr.strip().splitlines()[-1:] if restarted.stderr else []
+        kill["restart"] = restart_worker(stack, kill)
     thread.join()
     done.set()
     watcher.join(timeout=10)
@@ -296,14 +313,23 @@ def run(args: argparse.Namespace) -> int:
         samples = sampler.stop()
         _phase(work, "read back")
         data = collect(stack, manifest, result)
+    result["total_s"] = round(time.time() - t_start, 1)
+    _json(work / "readback.json", {"data": data, "samples": samples, "result": result, "out": str(out)})
+    return report(work, args.tiny)
+
+
+def report(work: Path, tiny: bool) -> int:
+    """Figures and checks from WORK/readback.json (what `run` read back): result.json, report.txt."""
+    saved = json.loads((work / "readback.json").read_text())
+    data, samples, result, out = saved["data"], saved["samples"], saved["result"], Path(saved["out"])
+    manifest = result["film"]
     result["samples"] = len(samples)
     if "failed" not in result:
-        result["figures"] = figures(data, manifest, result, samples, tiny=args.tiny)
+        result["figures"] = figures(data, manifest, result, samples, tiny=tiny)
         failures = run_checks(data, manifest, result, out)
         result["checks"] = {"failed": failures, "warnings": data.get("warnings", [])}
         if failures:
             result["failed"] = failures[0]
-    result["total_s"] = round(time.time() - t_start, 1)
     result["ok"] = "failed" not in result
     _json(work / "result.json", result)
     (work / "report.txt").write_text(render_report(result))
@@ -398,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s film_gpu: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call otherwise
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["run", "start", "wait"])
+    parser.add_argument("command", choices=["run", "start", "wait", "report"])
     parser.add_argument("--work", default="/tmp/film", help="weights root, film, stack, workspace, result")
     parser.add_argument("--tiny", action="store_true", help="CPU pipeline check: TINY RANDOM WEIGHTS")
     parser.add_argument("--shots", type=int, default=10, help="shots of the film (8-10)")
@@ -417,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         return start(args, argv)
     if args.command == "wait":
         return wait(args)
+    if args.command == "report":  # figures and checks again from WORK/readback.json
+        return report(Path(args.work).resolve(), args.tiny)
     rc = run(args)
     if args.json:
         args.json.write_text((Path(args.work) / "result.json").read_text())

@@ -275,7 +275,7 @@ def render_report(result: dict[str, Any]) -> str:
     kill = result.get("kill")
     if kill:
         lines.append(f"kill: {kill['worker']} SIGKILLed in shot {kill['shot']:04d} at {kill['progress_pct']:.0f} % "
-                     f"(shots done then: {kill['done_at_kill']}); restarted: {kill.get('restart')}")  # fmt: skip
+                     f"(shots done then: {kill['done_at_kill']}); restarted as {kill.get('restart')}")  # fmt: skip
     for label in ("first_run", "resume_run"):
         if label in result:
             r, fr = result[label], (f.get("runs") or {}).get(label, {})
