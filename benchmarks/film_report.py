@@ -39,6 +39,7 @@ def _run(r: Any) -> dict[str, Any]:
         "start": _t(r.start_time),
         "end": _t(r.end_time),
         "flow_run_id": str(getattr(r, "flow_run_id", "") or ""),
+        "task_key": getattr(r, "task_key", None),  # task runs: run_deployment's stand-in for a child run
     }
 
 
@@ -163,7 +164,8 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
         starts = [t["start"] for t in groups if t["start"]]
         ends = [t["end"] for t in groups if t["end"]]
         steps = {t["name"]: round(t["end"] - t["start"], 2) for t in data["film_tasks"]
-                 if t["flow_run_id"] == film["id"] and t["start"] and t["end"] and not t["name"].startswith("group-")}  # fmt: skip
+                 if t["flow_run_id"] == film["id"] and t["start"] and t["end"] and not t["name"].startswith("group-")
+                 and "run_deployment" not in (t.get("task_key") or "")}  # fmt: skip
         per_film[label] = {
             "state": film["state_name"],
             "wall_s": round(film["end"] - film["start"], 1) if film["start"] and film["end"] else None,
@@ -172,7 +174,15 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
             "steps_s": steps,
         }  # fmt: skip
     first, last = data["films"][0], data["films"][-1]
+    group_name = {g["id"]: g["name"] for g in data["groups"]}
+    kill_attempts = [
+        f"{group_name.get(t['flow_run_id'], '?')} ({t['flow_run_id'][:8]}): {t['state_name']}"
+        for t in sorted(data["shot_tasks"], key=lambda t: t["start"] or 0)
+        if kill and _index(t) == kill["shot"]
+    ]
     return {
+        "group_states": [f"{g['name']} ({g['id'][:8]}): {g['state_name']}" for g in data["groups"]],
+        "kill_shot_task_runs": kill_attempts,
         "film_s": manifest["film_s"], "shots": len(manifest["shots"]), "dubbed_shots": dubbed,
         "dubbed_dialogue_s": round(dubbed_s, 2),
         "film_wall_s": round(last["end"] - first["start"], 1) if last["end"] and first["start"] else None,
@@ -294,6 +304,8 @@ def render_report(result: dict[str, Any]) -> str:
             f"without loads; group lead-in {f['group_lead_in_s']} s, tail {f['group_tail_s']} s; NVML idle "
             f"{f['nvml_idle_pct_group_runs']} % in group runs, {f['nvml_idle_pct_between_shots']} % between shots",
         ]
+        lines.append(f"group runs: {f['group_states']}")
+        lines.append(f"kill shot's task runs: {f['kill_shot_task_runs']}")
         for label, r in f["runs"].items():
             lines.append(f"{label} steps (s): {r['steps_s']}")
     checks = result.get("checks") or {}
