@@ -104,8 +104,11 @@ expected = {"opencv-python", "dlib-bin", "face-recognition-models", "optimum-qua
 unmet = []
 for dist in md.distributions():
     for spec in dist.requires or []:
-        req = Requirement(spec)
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        try:
+            req = Requirement(spec)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+        except Exception:  # a requirement string packaging cannot read: not ours to judge
             continue
         if req.name.lower().replace("_", "-") in expected:
             continue
