@@ -50,7 +50,7 @@ from film_make import make_film  # noqa: E402
 from film_report import collect, figures, render_report, run_checks, workspace_of  # noqa: E402
 
 from flows.workspace import read_attempts  # noqa: E402
-from tests.stack import DeploymentRun, Stack, running_stack  # noqa: E402
+from tests.stack import DeploymentRun, Stack, running_stack, stack_processes  # noqa: E402
 
 log = logging.getLogger("film_gpu")
 FILM = "dub-film/default"
@@ -241,6 +241,18 @@ def _first_run_with_kill(stack: Stack, params: dict[str, Any], args: argparse.Na
     return result[0], kill
 
 
+def fresh_stack(work: Path) -> None:
+    """A run starts from an empty Prefect home, workspace and output (the weights root is kept): processes
+    left by an earlier driver of this WORK are killed, their folders removed."""
+    import shutil
+
+    for pid in stack_processes(work / "stack" / "prefect"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for folder in ("stack", "out"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+
+
 def pick_kill_shot(manifest: dict[str, Any], wanted: int | None) -> int:
     """The shot to kill in: `wanted`, else the first dialogue shot from the film's middle on that is not
     the first dialogue shot (its process has loaded the models in an earlier shot: the load is recorded)."""
@@ -257,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    fresh_stack(work)
     _phase(work, "weights")
     meta_path = work / "weights" / "root.json"
     if not meta_path.exists():
