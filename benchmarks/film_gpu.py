@@ -335,6 +335,7 @@ def report(work: Path, tiny: bool) -> int:
     """Figures and checks from WORK/readback.json (what `run` read back): result.json, report.txt."""
     saved = json.loads((work / "readback.json").read_text())
     data, samples, result, out = saved["data"], saved["samples"], saved["result"], Path(saved["out"])
+    data["done"] = {int(k): v for k, v in data["done"].items()}  # JSON object keys are strings
     manifest = result["film"]
     result["samples"] = len(samples)
     if "failed" not in result:

@@ -189,6 +189,7 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
     return {
         "group_states": [f"{g['name']} ({g['id'][:8]}): {g['state_name']}" for g in data["groups"]],
         "kill_shot_task_runs": kill_attempts,
+        "kill_shot_chunks_resumed": (data["done"].get(kill["shot"]) or {}).get("chunks_resumed") if kill else None,
         "film_s": manifest["film_s"], "shots": len(manifest["shots"]), "dubbed_shots": dubbed,
         "dubbed_dialogue_s": round(dubbed_s, 2),
         "film_wall_s": round(last["end"] - first["start"], 1) if last["end"] and first["start"] else None,
@@ -313,7 +314,8 @@ def render_report(result: dict[str, Any]) -> str:
             f"{f['nvml_idle_pct_group_runs']} % in group runs, {f['nvml_idle_pct_between_shots']} % between shots",
         ]
         lines.append(f"group runs: {f['group_states']}")
-        lines.append(f"kill shot's task runs: {f['kill_shot_task_runs']}")
+        lines.append(f"kill shot's task runs: {f['kill_shot_task_runs']}; chunks resumed from its checkpoints: "
+                     f"{f['kill_shot_chunks_resumed']}")  # fmt: skip
         for label, r in f["runs"].items():
             lines.append(f"{label} steps (s): {r['steps_s']}")
     checks = result.get("checks") or {}
