@@ -39,7 +39,10 @@ pid_of() { [ -f "$RUN_DIR/$1.pid" ] && cat "$RUN_DIR/$1.pid"; }
 alive() {
   local pid
   pid="$(pid_of "$1")" || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ps -o args= -p "$pid" 2>/dev/null | grep -q prefect
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  # a killed process not yet reaped (state Z) answers kill -0 but is gone: not alive
+  case "$(ps -o stat= -p "$pid" 2>/dev/null)" in Z*) return 1 ;; esac
+  ps -o args= -p "$pid" 2>/dev/null | grep -q prefect
 }
 
 # launch NAME CMD...: start CMD in the background in its own process group, logging to LOG_DIR/NAME.log.
