@@ -1,8 +1,11 @@
 """Per-shot dub decisions: policy, overrides, who speaks (speaker turns, uncertainty) and the reasons."""
 
+import dataclasses
+
 import pytest
 
-from tasks.decision.gate import Decision, decide_dub, parse_overrides, speaker_turns
+from tasks.decision.gate import decide_dub, parse_overrides, speaker_turns
+from tasks.decision.record import ShotDecision
 from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.speech import SpeechInfo
@@ -42,7 +45,7 @@ def test_the_speaker_alone_is_dubbed_over_the_whole_shot():
 
 
 def test_nobody_on_screen_speaking_passes_the_shot_through():
-    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == Decision(
+    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == ShotDecision(
         False, "speaker off screen"
     )
     assert decide_dub(0, SPEECH, faces((), [seg(0, 100, "none")]), REGION).reason == "no face found"
@@ -100,7 +103,7 @@ def test_full_frame_mode_can_dub_without_a_face():
 def test_policies_all_and_none():
     d = decide_dub(1, SILENT, faces(TWO), REGION, policy="all")
     assert d.dub and d.reason == "policy: dub all shots" and d.regions[0].speaker == 1  # the largest face
-    assert decide_dub(1, SPEECH, None, REGION, policy="none") == Decision(False, "policy: dub no shots")
+    assert decide_dub(1, SPEECH, None, REGION, policy="none") == ShotDecision(False, "policy: dub no shots")
     with pytest.raises(ValueError, match="dub policy"):
         decide_dub(1, SPEECH, None, REGION, policy="some")
 
@@ -109,10 +112,10 @@ def test_overrides_win_over_policy_and_evidence():
     overrides = {2: "dub", "5": "SKIP"}
     forced = decide_dub(2, SILENT, faces(), REGION, policy="none", overrides=overrides)
     assert forced.dub and forced.reason == "forced by override" and forced.regions[0].plan.mode == "full"
-    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == Decision(
+    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == ShotDecision(
         False, "skipped by override"
     )
-    assert decide_dub(4, SILENT, None, REGION, overrides=overrides) == Decision(False, SILENT.reason)
+    assert decide_dub(4, SILENT, None, REGION, overrides=overrides) == ShotDecision(False, SILENT.reason)
     with pytest.raises(ValueError, match="face analysis"):
         decide_dub(4, SPEECH, None, REGION)
 
@@ -130,10 +133,16 @@ def test_bad_overrides_name_the_shot():
 def test_decision_round_trips_through_json():
     import json
 
-    from tasks.decision.gate import DubRegion
+    from tasks.decision.record import DubRegion
 
     d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]), REGION)
-    back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["regions"]]
+    back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["details"]["regions"]]
     assert tuple(back) == d.regions
     f = faces(TWO, [seg(0, 40, "speaker", 0)])
     assert ShotFaces.from_dict(json.loads(json.dumps(f.to_dict()))) == f
+    # the whole shot decision, as the renderer keeps it (decision.json) and reads it back
+    full = dataclasses.replace(d, speech=SPEECH, faces=f, characters={"0": "ANNA"})
+    kept = json.loads(json.dumps(full.to_dict()))
+    assert sorted(kept) == ["details", "dub", "reason"]
+    assert sorted(kept["details"]) == ["characters", "faces", "regions", "speech"]
+    assert ShotDecision.from_dict(kept) == full

@@ -1,5 +1,6 @@
 """QC artefacts: the side-by-side preview decodes with the right size and frame count, the sheet has its grid."""
 
+import dataclasses
 import subprocess
 
 import cv2
@@ -134,7 +135,7 @@ def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
                       (0.1, 0.9, 0.9), ((0.05, 0.3, 0.2), (0.0, 0.0, 0.0)), 5, 0.0)  # fmt: skip
     speech = SpeechInfo(True, 0.8, ((0.0, 0.4),), "speech")
     d = decide_dub(0, speech, faces, RegionConfig())
-    overlay = speaker_overlay({"faces": faces.to_dict(), "regions": [r.to_dict() for r in d.regions]})
+    overlay = speaker_overlay(dataclasses.replace(d, faces=faces))
     marked = overlay.annotate(3, frames[3])
     assert tuple(marked[50, 45]) == (60, 220, 90)  # the speaker's face box, green
     assert tuple(marked[50, 235]) == (230, 60, 60)  # the poster's, red

@@ -11,9 +11,9 @@ Must not decode media nor run models: it reads the speech verdict and the shot's
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tasks.decision.record import DubRegion, ShotDecision
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speech import SpeechInfo
 from tasks.picture.region import (
@@ -29,42 +29,6 @@ from tasks.picture.region import (
 POLICIES = ("auto", "all", "none")
 OVERRIDES = ("dub", "skip")
 UNCERTAIN = ("most_likely", "skip", "largest")
-
-
-@dataclass(frozen=True)
-class DubRegion:
-    """Shot frames [start_frame, end_frame) dubbed in ``plan``'s box around ``speaker`` (display pixels)."""
-
-    start_frame: int
-    end_frame: int
-    speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
-    score: float
-    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
-    plan: RegionPlan
-    people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plan": self.plan.to_dict(), "people": list(self.people)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DubRegion:
-        spk = d.get("speaker")
-        plan = RegionPlan.from_dict(d["plan"])
-        return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
-                   float(d["score"]), str(d["status"]), plan, tuple(d.get("people") or ()))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Whether a shot is dubbed, why, and where (one region per speaker turn)."""
-
-    dub: bool
-    reason: str
-    regions: tuple[DubRegion, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"dub": self.dub, "reason": self.reason, "regions": [r.to_dict() for r in self.regions]}
 
 
 def parse_overrides(raw: Mapping[Any, Any] | None) -> dict[int, str]:
@@ -158,7 +122,7 @@ def decide_dub(
     turns: Sequence[tuple] | None = None,
     why_not: str = "",
     names: Mapping[str, str] | None = None,
-) -> Decision:
+) -> ShotDecision:
     """Decide whether and where to dub one shot.
 
     Order: a per-shot override wins; then policy "all" / "none"; then "auto": the dub track must speak,
@@ -171,12 +135,12 @@ def decide_dub(
         raise ValueError(f"dub policy must be one of {POLICIES}, got {policy!r}")
     action = parse_overrides(overrides).get(shot_index)
     if action == "skip":
-        return Decision(False, "skipped by override")
+        return ShotDecision(False, "skipped by override")
     if policy == "none" and action != "dub":
-        return Decision(False, "policy: dub no shots")
+        return ShotDecision(False, "policy: dub no shots")
     forced = "forced by override" if action == "dub" else "policy: dub all shots" if policy == "all" else None
     if forced is None and not speech.has_speech:
-        return Decision(
+        return ShotDecision(
             False, speech.reason if speech.reason.startswith("no speech") else "no speech in dub track"
         )
     if faces is None:
@@ -188,16 +152,18 @@ def decide_dub(
         if t is not None
     )
     if forced is not None:
-        return Decision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
+        return ShotDecision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
     pct = f"speech {speech.speech_ratio:.0%}"
     if regions:
         who = " -> ".join(_who(r, names or {}) for r in regions)
         sure = all(r.status in ("speaker", "two") for r in regions)
         tag = "speaker" if sure else f"speaker uncertain, {uncertain.replace('_', ' ')}"
-        return Decision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
+        return ShotDecision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
     if region.mode == "full" and not require_face:
-        return Decision(True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),))
-    return Decision(False, why_not or _why_not(faces, turns))
+        return ShotDecision(
+            True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),)
+        )
+    return ShotDecision(False, why_not or _why_not(faces, turns))
 
 
 def _who(r: DubRegion, names: Mapping[str, str]) -> str:
@@ -296,7 +262,7 @@ def region_overrides(
 
 
 def apply_region_overrides(
-    decision: Decision,
+    decision: ShotDecision,
     shot_index: int,
     faces: ShotFaces | None,
     region: RegionConfig,
@@ -304,7 +270,7 @@ def apply_region_overrides(
     num_frames: int,
     override: tuple[int | None, Box | None],
     skipped: bool,
-) -> Decision:
+) -> ShotDecision:
     """The automatic ``decision`` with the shot's (speaker, crop) ``override`` applied: one region over the
     whole shot, around that face track and/or in that box, dubbed whatever the evidence said (a shot
     ``skipped`` by its dub override stays skipped). An unknown track raises ValueError naming the shot."""
@@ -329,15 +295,13 @@ def apply_region_overrides(
         dubbed = DubRegion(
             0, num_frames, speaker, 0.0, "plan", plan_from_box(box, frame_hw, num_frames, region.size, reason)
         )
-    return Decision(True, reason, (dubbed,))
+    return ShotDecision(True, reason, (dubbed,))
 
 
 __all__ = [
     "OVERRIDES",
     "POLICIES",
     "UNCERTAIN",
-    "Decision",
-    "DubRegion",
     "apply_region_overrides",
     "decide_dub",
     "parse_overrides",

@@ -24,7 +24,6 @@ import numpy as np
 
 from tasks.config import PipelineConfig
 from tasks.decision.gate import (
-    DubRegion,
     apply_region_overrides,
     decide_dub,
     parse_overrides,
@@ -178,24 +177,13 @@ def decide_shot(
         )
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
-    details: dict[str, Any] = {
-        "speech": speech.to_dict(),
-        "regions": [r.to_dict() for r in d.regions],
-        "faces": None if faces is None else faces.to_dict(),
-        "characters": names,
-    }
-    return ShotDecision(d.dub, d.reason, details)
-
-
-def decision_regions(decision: ShotDecision) -> list[DubRegion]:
-    """The dubbed regions of a decision (shot-relative frames)."""
-    return [DubRegion.from_dict(r) for r in decision.details.get("regions") or []]
+    return dataclasses.replace(d, speech=speech, faces=faces, characters=names)
 
 
 def switch_frames(decision: ShotDecision) -> list[int]:
     """Shot frames where the dubbed region moves to another speaker (the renderer splits the chunk plan
     there, `tasks.timeline.plan.split_at`): the start of every region after the first."""
-    regions = sorted(decision_regions(decision), key=lambda r: r.start_frame) if decision.dub else []
+    regions = sorted(decision.regions, key=lambda r: r.start_frame) if decision.dub else []
     return [
         r.start_frame for prev, r in zip(regions[:-1], regions[1:], strict=True) if r.speaker != prev.speaker
     ]
@@ -204,9 +192,9 @@ def switch_frames(decision: ShotDecision) -> list[int]:
 def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
     """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
     the speaker's character (None when unknown) and, for a two-speaker region, its people."""
-    names = decision.details.get("characters") or {}
+    names = decision.characters
     out = []
-    for r in decision_regions(decision) if decision.dub else []:
+    for r in decision.regions if decision.dub else ():
         out.append(
             {
                 "start_frame": shot_start + r.start_frame,
@@ -232,7 +220,6 @@ def _write_json(path: Path, obj: Any) -> None:
 
 __all__ = [
     "decide_shot",
-    "decision_regions",
     "faces_path",
     "needed_faces",
     "region_config",
