@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.config import load_config
-from tasks.decision.shot_decision import decide_shot, decision_regions
+from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
 from tests.speaker_cases import FPS, SR, Case, cases, encode, side_of, turn_coverage
 
@@ -84,7 +84,7 @@ def main() -> None:
             d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg)
             dubbed = [
                 (r.start_frame, r.end_frame, side_of(r.plan.face_box or r.plan.box), r.status, r.score)
-                for r in decision_regions(d)
+                for r in d.regions
             ]
             truth = ", ".join(f"{a:g}-{b:g} s {w or 'none'}" for a, b, w in case.truth)
             shown = "; ".join(f"{a}-{b} {s} {st} {sc:.2f}" for a, b, s, st, sc in dubbed) or d.reason
@@ -94,7 +94,7 @@ def main() -> None:
                 extra = f" (switch {dubbed[1][0] / FPS - case.truth[1][0]:+.2f} s; turns dubbed "
                 extra += "/".join(f"{c:.0%}" for c in cover) + ")"
             print(f"| {name} | {truth} | {shown} | {_verdict(case, dubbed)}{extra} |")
-            t, s = _split(case, d.details["faces"], smooth)
+            t, s = _split(case, d.faces.to_dict(), smooth)
             talk, still = talk + t, still + s
     tk, st = np.array(talk), np.array(still)
     xs = np.linspace(0.02, 0.4, 381)

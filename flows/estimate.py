@@ -330,7 +330,7 @@ def _decide(info, shots, plans, bounds, samples, cfg, price, cast, tmp) -> list[
         )
         gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
         gpu += (
-            switch_load_s(d.details.get("regions") or [], price.load_s or 0.0) if d.dub else 0.0
+            switch_load_s([r.to_dict() for r in d.regions], price.load_s or 0.0) if d.dub else 0.0
         )  # multi DiT
         regions = tuple(regions_json(d, shot.start_frame))
         out.append(

@@ -159,18 +159,23 @@ def test_stem_turns_bridge_pauses_join_short_turns_and_name_voice_over():
     # ANNA pauses briefly (bridged); BEN's 3-frame "mm" over her is no turn of two; the silence is split
     speech = {"ANNA": [[0, 20, -20], [25, 45, -20]], "BEN": [[30, 33, -30], [60, 100, -25]], "CARL": []}
     turns, _ = stem_turns(faces, chars, speech, [], min_turn=10, bridge=10)
-    assert [(t[0], t[1], t[2], t[4]) for t in turns] == [(0, 52, 0, "speaker"), (52, 100, 1, "speaker")]
+    assert [(t.start, t.end, t.track, t.status) for t in turns] == [
+        (0, 52, 0, "speaker"),
+        (52, 100, 1, "speaker"),
+    ]
     unbridged, _ = stem_turns(faces, chars, speech, [], min_turn=10, bridge=0)
-    assert [t[2] for t in unbridged] == [0, 1]  # the 5-frame pause alone does not end her turn either
+    assert [t.track for t in unbridged] == [0, 1]  # the 5-frame pause alone does not end her turn either
     # both at once, then an undubbed BEN: only ANNA
     both = {"ANNA": [[0, 100, -20]], "BEN": [[0, 100, -30]]}
     (two,), _ = stem_turns(faces, chars, both, [], min_turn=10)
-    assert two[4] == "two" and two[2] == 0 and [p["track"] for p in two[5]] == [0, 1]  # ANNA is louder
+    assert (
+        two.status == "two" and two.track == 0 and [p["track"] for p in two.people] == [0, 1]
+    )  # ANNA is louder
     turns, _ = stem_turns(faces, chars, both, ["BEN"], min_turn=10)
-    assert [(t[2], t[4]) for t in turns] == [(0, "speaker")]
+    assert [(t.track, t.status) for t in turns] == [(0, "speaker")]
     # a character with no face in the shot: voice-over, and the reason says who
     turns, why = stem_turns(faces, {"0": "ANNA"}, {"BEN": [[0, 100, -20]]}, [], min_turn=10)
-    assert [t[2] for t in turns] == [None] and why == "voice-over: BEN off screen"
+    assert [t.track for t in turns] == [None] and why == "voice-over: BEN off screen"
 
 
 def test_bad_stems_and_cast_files_are_one_line_errors(film, tmp_path, capsys):
@@ -202,6 +207,7 @@ def test_bad_stems_and_cast_files_are_one_line_errors(film, tmp_path, capsys):
 def test_two_speaker_regions_in_the_shot_table_and_the_qc_sheet():
     from flows.report import speaker_columns
     from tasks.decision.gate import decide_dub
+    from tasks.decision.overrides import ShotOverrides
     from tasks.perception.speech import SpeechInfo
     from tasks.picture.region import RegionConfig
     from tasks.render.qc_overlay import GREEN, SpeakerOverlay
@@ -209,7 +215,10 @@ def test_two_speaker_regions_in_the_shot_table_and_the_qc_sheet():
     faces, chars = _faces(), {"0": "ANNA", "1": "BEN"}
     turns, _ = stem_turns(faces, chars, {"ANNA": [[0, 100, -20]], "BEN": [[0, 100, -30]]}, [], min_turn=10)
     speech = SpeechInfo(True, 1.0, ((0.0, 4.0),), "speech")
-    d = decide_dub(0, speech, faces, RegionConfig(), turns=turns, names=chars)
+    cfg = load_config()
+    d = decide_dub(
+        ShotOverrides(0), speech, faces, RegionConfig(), cfg.gate, cfg.speaker, turns=turns, names=chars
+    )
     assert d.dub and d.reason.endswith("track 0 (ANNA) + track 1 (BEN) (score 1.00)"), d.reason
     (region,) = d.regions
     again = type(region).from_dict(region.to_dict())

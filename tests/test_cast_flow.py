@@ -3,6 +3,7 @@ gives each shot its `cast.shot`, keys shots by their stems and hands the stems t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,6 @@ import soundfile as sf
 from flows.dub_film import dub_film_inline
 from flows.estimate import estimate_film
 from tasks.config import load_config
-from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.render import backend as backend_registry
 from tests.cast_cases import write_short_film
@@ -40,7 +40,7 @@ class Recorder:
                         context.config, cache, planned=True)  # fmt: skip
         SEEN.append({"index": plan.shot_index, "stems": dict(context.stems), "dub": d.dub, "reason": d.reason,
                      "regions": regions_json(d, plan.start_frame)})  # fmt: skip
-        return ShotDecision(False, f"recorded: {d.reason}", d.details)
+        return dataclasses.replace(d, dub=False, reason=f"recorded: {d.reason}")
 
     def open_shot(self, *args, **kwargs):  # pragma: no cover - every shot is passed through
         raise AssertionError("the recorder dubs nothing")

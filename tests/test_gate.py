@@ -1,8 +1,20 @@
 """Per-shot dub decisions: policy, overrides, who speaks (speaker turns, uncertainty) and the reasons."""
 
+import dataclasses
+
 import pytest
 
-from tasks.decision.gate import Decision, decide_dub, parse_overrides, speaker_turns
+from tasks.config import load_config
+from tasks.decision.gate import apply_region_overrides, decide_dub, speaker_turns
+from tasks.decision.overrides import (
+    POLICIES,
+    ShotOverrides,
+    needs_faces,
+    parse_overrides,
+    precedence,
+    shot_overrides,
+)
+from tasks.decision.record import ShotDecision, Turn
 from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.speech import SpeechInfo
@@ -12,6 +24,26 @@ SPEECH = SpeechInfo(True, 0.734, ((0.2, 2.4),), "speech 2.2 s (73%)")
 SILENT = SpeechInfo(False, 0.0, (), "no speech in dub track (silent)")
 REGION = RegionConfig()
 HW = (360, 640)
+CFG = load_config()
+
+
+def decide(
+    shot,
+    speech,
+    faces,
+    region,
+    *,
+    policy="auto",
+    overrides=None,
+    require_face=True,
+    uncertain="most_likely",
+    **kw,
+):
+    """The gate of shot ``shot`` under these settings (its overrides parsed as the planning does; min_score 0:
+    each segment's own status counts)."""
+    gate = dataclasses.replace(CFG.gate, policy=policy, require_face=require_face, overrides=overrides or {})
+    speaker = dataclasses.replace(CFG.speaker, uncertain=uncertain, min_score=0.0)
+    return decide_dub(shot_overrides(shot, gate), speech, faces, region, gate, speaker, **kw)
 
 
 def track(k: int, x: int, side: int = 80, still: bool = False, n: int = 100) -> TrackInfo:
@@ -33,7 +65,7 @@ def seg(a, b, status, speaker=None, score=0.8, runner_up=None):
 
 
 def test_the_speaker_alone_is_dubbed_over_the_whole_shot():
-    d = decide_dub(0, SPEECH, faces(TWO, [seg(10, 40, "speaker", 1), seg(50, 90, "speaker", 1, 0.6)]), REGION)
+    d = decide(0, SPEECH, faces(TWO, [seg(10, 40, "speaker", 1), seg(50, 90, "speaker", 1, 0.6)]), REGION)
     assert d.dub and d.reason == "speech 73%; speaker: track 1 (score 0.69)"
     (r,) = d.regions
     assert (r.start_frame, r.end_frame, r.speaker, r.status) == (0, 100, 1, "speaker")
@@ -42,25 +74,25 @@ def test_the_speaker_alone_is_dubbed_over_the_whole_shot():
 
 
 def test_nobody_on_screen_speaking_passes_the_shot_through():
-    assert decide_dub(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == Decision(
+    assert decide(0, SPEECH, faces(TWO, [seg(0, 100, "none")]), REGION) == ShotDecision(
         False, "speaker off screen"
     )
-    assert decide_dub(0, SPEECH, faces((), [seg(0, 100, "none")]), REGION).reason == "no face found"
+    assert decide(0, SPEECH, faces((), [seg(0, 100, "none")]), REGION).reason == "no face found"
     posters = (track(0, 100, still=True),)
-    assert decide_dub(0, SPEECH, faces(posters, [seg(0, 100, "none")]), REGION).reason.startswith(
+    assert decide(0, SPEECH, faces(posters, [seg(0, 100, "none")]), REGION).reason.startswith(
         "only still faces"
     )
 
 
 def test_turn_taking_gives_one_region_per_turn_split_in_the_pause():
     segs = [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]
-    d = decide_dub(0, SPEECH, faces(TWO, segs), REGION)
+    d = decide(0, SPEECH, faces(TWO, segs), REGION)
     assert [(r.start_frame, r.end_frame, r.speaker) for r in d.regions] == [(0, 45, 0), (45, 100, 1)]
     assert "track 0 -> track 1" in d.reason
 
 
 def test_a_voice_over_part_is_left_undubbed():
-    d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(60, 100, "none")]), REGION)
+    d = decide(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(60, 100, "none")]), REGION)
     assert [(r.start_frame, r.end_frame) for r in d.regions] == [(0, 50)]
 
 
@@ -69,7 +101,7 @@ def test_a_voice_over_part_is_left_undubbed():
 )
 def test_uncertain_segments_follow_the_policy(policy, dub, speaker):
     segs = [seg(0, 100, "uncertain", 0, 0.3, runner_up=1)]
-    d = decide_dub(0, SPEECH, faces(TWO, segs), REGION, uncertain=policy)
+    d = decide(0, SPEECH, faces(TWO, segs), REGION, uncertain=policy)
     assert d.dub == dub
     if dub:
         assert (
@@ -81,8 +113,8 @@ def test_uncertain_segments_follow_the_policy(policy, dub, speaker):
 
 def test_a_low_score_counts_as_uncertain():
     f = faces(TWO, [seg(0, 100, "speaker", 0, 0.1)])
-    assert speaker_turns(f, "most_likely", 0.2) == [(0, 100, 0, 0.1, "uncertain")]
-    assert speaker_turns(f, "most_likely", 0.05) == [(0, 100, 0, 0.1, "speaker")]
+    assert speaker_turns(f, "most_likely", 0.2) == [Turn(0, 100, 0, 0.1, "uncertain")]
+    assert speaker_turns(f, "most_likely", 0.05) == [Turn(0, 100, 0, 0.1, "speaker")]
     with pytest.raises(ValueError, match="speaker.uncertain"):
         speaker_turns(f, "coin", 0.2)
 
@@ -90,31 +122,31 @@ def test_a_low_score_counts_as_uncertain():
 def test_full_frame_mode_can_dub_without_a_face():
     full = RegionConfig(mode="full")
     nobody = faces((), [seg(0, 100, "none")])
-    assert not decide_dub(3, SPEECH, nobody, full).dub
-    d = decide_dub(3, SPEECH, nobody, full, require_face=False)
+    assert not decide(3, SPEECH, nobody, full).dub
+    d = decide(3, SPEECH, nobody, full, require_face=False)
     assert d.dub and "full frame" in d.reason and d.regions[0].plan.mode == "full"
-    assert not decide_dub(3, SPEECH, nobody, REGION, require_face=False).dub
-    assert not decide_dub(3, SILENT, nobody, full, require_face=False).dub
+    assert not decide(3, SPEECH, nobody, REGION, require_face=False).dub
+    assert not decide(3, SILENT, nobody, full, require_face=False).dub
 
 
 def test_policies_all_and_none():
-    d = decide_dub(1, SILENT, faces(TWO), REGION, policy="all")
+    d = decide(1, SILENT, faces(TWO), REGION, policy="all")
     assert d.dub and d.reason == "policy: dub all shots" and d.regions[0].speaker == 1  # the largest face
-    assert decide_dub(1, SPEECH, None, REGION, policy="none") == Decision(False, "policy: dub no shots")
+    assert decide(1, SPEECH, None, REGION, policy="none") == ShotDecision(False, "policy: dub no shots")
     with pytest.raises(ValueError, match="dub policy"):
-        decide_dub(1, SPEECH, None, REGION, policy="some")
+        decide(1, SPEECH, None, REGION, policy="some")
 
 
 def test_overrides_win_over_policy_and_evidence():
     overrides = {2: "dub", "5": "SKIP"}
-    forced = decide_dub(2, SILENT, faces(), REGION, policy="none", overrides=overrides)
+    forced = decide(2, SILENT, faces(), REGION, policy="none", overrides=overrides)
     assert forced.dub and forced.reason == "forced by override" and forced.regions[0].plan.mode == "full"
-    assert decide_dub(5, SPEECH, None, REGION, policy="all", overrides=overrides) == Decision(
+    assert decide(5, SPEECH, None, REGION, policy="all", overrides=overrides) == ShotDecision(
         False, "skipped by override"
     )
-    assert decide_dub(4, SILENT, None, REGION, overrides=overrides) == Decision(False, SILENT.reason)
+    assert decide(4, SILENT, None, REGION, overrides=overrides) == ShotDecision(False, SILENT.reason)
     with pytest.raises(ValueError, match="face analysis"):
-        decide_dub(4, SPEECH, None, REGION)
+        decide(4, SPEECH, None, REGION)
 
 
 def test_bad_overrides_name_the_shot():
@@ -130,10 +162,54 @@ def test_bad_overrides_name_the_shot():
 def test_decision_round_trips_through_json():
     import json
 
-    from tasks.decision.gate import DubRegion
+    from tasks.decision.record import DubRegion
 
-    d = decide_dub(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]), REGION)
-    back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["regions"]]
+    d = decide(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(50, 100, "speaker", 1)]), REGION)
+    back = [DubRegion.from_dict(r) for r in json.loads(json.dumps(d.to_dict()))["details"]["regions"]]
     assert tuple(back) == d.regions
     f = faces(TWO, [seg(0, 40, "speaker", 0)])
     assert ShotFaces.from_dict(json.loads(json.dumps(f.to_dict()))) == f
+    # the whole shot decision, as the renderer keeps it (decision.json) and reads it back
+    full = dataclasses.replace(d, speech=SPEECH, faces=f, characters={"0": "ANNA"})
+    kept = json.loads(json.dumps(full.to_dict()))
+    assert sorted(kept) == ["details", "dub", "reason"]
+    assert sorted(kept["details"]) == ["characters", "faces", "regions", "speech"]
+    assert ShotDecision.from_dict(kept) == full
+
+
+def test_the_face_analysis_need_and_the_gate_follow_one_precedence():
+    """Wherever `needs_faces` says the picture cannot matter, the gate and the region overrides decide without
+    it (full-frame mode: on an analysis with no faces, as `needed_faces` hands them); wherever who speaks
+    decides, the gate asks for it."""
+    speaker = dataclasses.replace(CFG.speaker, min_score=0.0)
+    for policy in POLICIES:
+        for action in (None, "dub", "skip"):
+            for track in (None, 0):
+                for speech in (SPEECH, SILENT):
+                    for region in (REGION, RegionConfig(mode="full")):
+                        ov = ShotOverrides(3, action=action, speaker=track)
+                        gate = dataclasses.replace(CFG.gate, policy=policy)
+                        ruling = precedence(ov, policy, speech)
+                        case = (policy, action, track, speech.has_speech, region.mode, ruling)
+                        if needs_faces(ov, ruling, region.mode):
+                            if ruling.dub is None:
+                                with pytest.raises(ValueError, match="face analysis"):
+                                    decide_dub(ov, speech, None, region, gate, speaker)
+                            continue
+                        nobody = faces() if region.mode == "full" else None
+                        d = decide_dub(ov, speech, nobody, region, gate, speaker)
+                        d = apply_region_overrides(d, ov, nobody, region, HW, 100)
+                        assert d.dub == bool(ruling.dub) and d.reason == ruling.reason, case
+    # and no analysis for nothing: a skipped shot (even one naming a track), a forced full-frame dub, silence
+    skip, forced = ShotOverrides(3, action="skip", speaker=0), ShotOverrides(3, action="dub")
+    assert not needs_faces(skip, precedence(skip, "auto", SPEECH), "region")
+    assert not needs_faces(forced, precedence(forced, "auto", SPEECH), "full")
+    assert needs_faces(forced, precedence(forced, "auto", SILENT), "region")  # the region follows the faces
+    assert not needs_faces(ShotOverrides(3), precedence(ShotOverrides(3), "auto", SILENT), "region")
+
+
+def test_an_uncertain_turn_handed_in_says_so():
+    """The reason of a shot whose handed-in turns (e.g. `stems.undub_turns`) dub nobody names an uncertain one."""
+    turns = [Turn(0, 60, None, 0.3, "uncertain"), Turn(60, 100, None, 1.0, "none")]
+    d = decide(0, SPEECH, faces(TWO, [seg(0, 100, "uncertain", 0, 0.3, runner_up=1)]), REGION, turns=turns)
+    assert d == ShotDecision(False, "speaker uncertain (speaker.uncertain: skip)")

@@ -18,7 +18,7 @@ import pytest
 
 import tasks.infinitetalk.resident as it
 from tasks.config import load_config
-from tasks.decision.shot_decision import decide_shot, decision_regions
+from tasks.decision.shot_decision import decide_shot
 from tasks.errors import ConfigError
 from tasks.infinitetalk import (
     TINY_BANNER,
@@ -332,7 +332,7 @@ def _speaker_box(index: int) -> tuple[int, int, int, int]:
     info, (s, e) = probe(FILM), SHOTS[index]
     audio = decode_audio(DUB, sample_rate=16000, channels=1)
     a, b = slice_bounds([s, e], info.fps, 16000, audio.shape[0])[0]
-    (region,) = decision_regions(decide_shot(index, s, e, info, audio[a:b], 16000, load_config()))
+    (region,) = decide_shot(index, s, e, info, audio[a:b], 16000, load_config()).regions
     return region.plan.box
 
 
@@ -348,16 +348,14 @@ def test_the_gate_analyses_faces_only_when_the_decision_can_depend_on_them(tmp_p
         return decide_shot(index, 0, 48, info, audio, sr, load_config(overrides=list(settings)), cache)
 
     d = decide(silent)
-    assert not d.dub and d.reason.startswith("no speech") and d.details["faces"] is None
+    assert not d.dub and d.reason.startswith("no speech") and d.faces is None
     assert decide(speech, "gate.overrides={3: skip}", index=3).reason == "skipped by override"
     assert decide(speech, "gate.policy=none").reason == "policy: dub no shots"
     assert not cache.exists()  # none of these looked at the picture
     d = decide(speech)
-    assert cache.exists() and d.details["faces"]["tracks"]  # the talking head of shot 0
+    assert cache.exists() and d.faces.tracks  # the talking head of shot 0
     forced = decide(silent, "gate.overrides={0: dub}")
-    assert (
-        forced.dub and forced.reason == "forced by override" and forced.details["regions"][0]["speaker"] == 0
-    )
+    assert forced.dub and forced.reason == "forced by override" and forced.regions[0].speaker == 0
     with pytest.raises(ConfigError, match="must be 'dub' or 'skip'"):
         decide(speech, "gate.overrides={0: maybe}")
 

@@ -21,8 +21,7 @@ from model.loading import LoadSpec, load_models
 from model.tiny import write_tiny_root
 from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
 from tasks.config import load_config
-from tasks.decision.gate import DubRegion
-from tasks.decision.record import ShotDecision
+from tasks.decision.record import DubRegion, ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import InfiniteTalkBackend
 from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, switch_load_s, two_speakers
@@ -61,7 +60,7 @@ def _two_region(n: int, people_order: tuple[int, int] = (0, 1), louder: int = 7)
 
 
 def _decision(*regions: DubRegion) -> ShotDecision:
-    return ShotDecision(True, "speech 90%; two speakers", {"regions": [r.to_dict() for r in regions]})
+    return ShotDecision(True, "speech 90%; two speakers", regions)
 
 
 # ------------------------------------------------------------------------------------------- weights
@@ -135,7 +134,7 @@ def test_without_the_multi_checkpoint_the_louder_person_is_dubbed():
     region = dataclasses.replace(_two_region(40, louder=9), plan=_region_plan(40))
     d = resolve_two_speakers(_decision(region), lambda: False, cfg)
     assert d.reason == f"speech 90%; two speakers; {MISSING} (track 9, bob)"
-    (got,) = [DubRegion.from_dict(r) for r in d.details["regions"]]
+    (got,) = d.regions
     assert (got.speaker, got.status, got.people) == (9, "speaker", ())
     x0, _, x1, _ = got.plan.box  # re-planned around bob's face, on the right
     assert x0 >= LEFT[2] - 40 and x1 > RIGHT[0]
@@ -160,7 +159,7 @@ def test_one_pair_of_people_per_shot():
         short, people=(short.people[0], {**short.people[1], "stem": "carol", "track": 3})
     )
     d = resolve_two_speakers(_decision(long, other), lambda: True, load_config())
-    assert [r.status for r in map(DubRegion.from_dict, d.details["regions"])] == ["two", "speaker"]
+    assert [r.status for r in d.regions] == ["two", "speaker"]
     assert d.reason.endswith("two speakers: another pair in this shot, dubbing the louder (track 7, alice)")
     assert two_speakers(d).region == long
 

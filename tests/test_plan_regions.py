@@ -10,7 +10,7 @@ import pytest
 from flows.cli import main
 from tasks.config import load_config
 from tasks.decision.plan_file import plan_overrides, to_config_overrides
-from tasks.decision.shot_decision import decide_shot, decision_regions
+from tasks.decision.shot_decision import decide_shot
 from tasks.errors import ConfigError
 from tasks.media.probe import probe
 from tasks.picture.region import nearest_bucket
@@ -35,11 +35,11 @@ def _decide(two_up, cache: Path, *settings: str):
 
 def test_speaker_override_dubs_the_named_track(two_up, tmp_path):
     auto = _decide(two_up, tmp_path / "faces.json")
-    (region,) = decision_regions(auto)
+    (region,) = auto.regions
     assert side_of(region.plan.face_box) == "left" and region.status == "speaker", auto.reason
-    listener = next(t["id"] for t in auto.details["faces"]["tracks"] if t["id"] != region.speaker)
+    listener = next(t.id for t in auto.faces.tracks if t.id != region.speaker)
     d = _decide(two_up, tmp_path / "faces.json", f"gate.speakers={{0: {listener}}}")
-    (region,) = decision_regions(d)
+    (region,) = d.regions
     assert d.dub and d.reason == f"plan: speaker {listener}"
     assert (region.speaker, region.status, region.start_frame, region.end_frame) == (
         listener, "plan", 0, two_up[0].frame_count
@@ -60,7 +60,7 @@ def test_crop_override_dubs_that_box(two_up, tmp_path):
     w, h = info.display_size
     box = [w // 2, 10, w - 4, h - 20]
     d = _decide(two_up, tmp_path / "faces.json", f"gate.crops={{0: {box}}}", "gate.policy=none")
-    (region,) = decision_regions(d)
+    (region,) = d.regions
     assert d.dub and d.reason == f"plan: crop [{', '.join(map(str, box))}]" and region.speaker is None
     x0, y0, x1, y1 = region.plan.box
     assert x0 <= box[0] and y0 <= box[1] and x1 >= box[2] and y1 >= box[3]  # at least the box ...

@@ -1,5 +1,6 @@
 """QC artefacts: the side-by-side preview decodes with the right size and frame count, the sheet has its grid."""
 
+import dataclasses
 import subprocess
 
 import cv2
@@ -117,7 +118,9 @@ def test_contact_sheet_labels_frames():
 
 
 def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
+    from tasks.config import load_config
     from tasks.decision.gate import decide_dub
+    from tasks.decision.overrides import ShotOverrides
     from tasks.perception.face_analysis import ShotFaces, TrackInfo
     from tasks.perception.speaker import SpeakerSegment
     from tasks.perception.speech import SpeechInfo
@@ -133,8 +136,9 @@ def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
     faces = ShotFaces(n, 25.0, (h, w), (h, w), True, tracks, (SpeakerSegment(0, n, "speaker", 0, 0.9),),
                       (0.1, 0.9, 0.9), ((0.05, 0.3, 0.2), (0.0, 0.0, 0.0)), 5, 0.0)  # fmt: skip
     speech = SpeechInfo(True, 0.8, ((0.0, 0.4),), "speech")
-    d = decide_dub(0, speech, faces, RegionConfig())
-    overlay = speaker_overlay({"faces": faces.to_dict(), "regions": [r.to_dict() for r in d.regions]})
+    cfg = load_config()
+    d = decide_dub(ShotOverrides(0), speech, faces, RegionConfig(), cfg.gate, cfg.speaker)
+    overlay = speaker_overlay(dataclasses.replace(d, faces=faces))
     marked = overlay.annotate(3, frames[3])
     assert tuple(marked[50, 45]) == (60, 220, 90)  # the speaker's face box, green
     assert tuple(marked[50, 235]) == (230, 60, 60)  # the poster's, red

@@ -9,7 +9,7 @@ import pytest
 
 from flows.cli import main
 from tasks.config import load_config
-from tasks.decision.shot_decision import decide_shot, decision_regions, faces_path
+from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.media.probe import probe
 from tests.speaker_cases import FPS, SR, cases, encode, faceless, seed_audio, side_of, turn_coverage
 
@@ -31,10 +31,7 @@ def decided(tmp_path_factory):
 
 def _dubbed_sides(d) -> list[tuple[int, int, str, str]]:
     """[(start, end, side, status)] of the dubbed regions."""
-    return [
-        (r.start_frame, r.end_frame, side_of(r.plan.face_box or r.plan.box), r.status)
-        for r in decision_regions(d)
-    ]
+    return [(r.start_frame, r.end_frame, side_of(r.plan.face_box or r.plan.box), r.status) for r in d.regions]
 
 
 @pytest.mark.parametrize("name", ["speaker_left", "speaker_right"])
@@ -43,7 +40,7 @@ def test_speaker_next_to_a_still_listener_is_dubbed_alone(decided, name):
     assert d.dub, d.reason
     sides = _dubbed_sides(d)
     assert [s[2] for s in sides] == [case.truth[0][2]] and sides[0][3] == "speaker", (d.reason, sides)
-    assert len(d.details["faces"]["tracks"]) == 2  # the listener is tracked too, just not dubbed
+    assert len(d.faces.tracks) == 2  # the listener is tracked too, just not dubbed
 
 
 @pytest.mark.parametrize(
@@ -56,8 +53,8 @@ def test_nobody_on_screen_speaks(decided, name, reason):
 
 def test_a_poster_is_a_still_picture(decided):
     _, d = decided["poster_and_listener"]
-    tracks = d.details["faces"]["tracks"]
-    assert sorted(t["still"] for t in tracks) == [False, True]
+    tracks = d.faces.tracks
+    assert sorted(t.still for t in tracks) == [False, True]
 
 
 @pytest.mark.parametrize("name", ["two_talking_left", "two_talking_right"])
@@ -87,9 +84,9 @@ def test_the_analysis_is_cached_and_reused(tmp_path):
     again = decide_shot(0, 0, 30, info, case.audio[:n], SR, CFG, cache)
     assert cache.stat().st_mtime_ns == stamp and again == first
     # the source speaks here, so its timeline is the source's: another dub line reuses the analysis
-    assert first.details["faces"]["source_audio"]
+    assert first.faces.source_audio
     other = decide_shot(0, 0, 30, info, seed_audio(4)[:n], SR, CFG, cache)
-    assert cache.stat().st_mtime_ns == stamp and other.details["faces"] == first.details["faces"]
+    assert cache.stat().st_mtime_ns == stamp and other.faces == first.faces
     # the file is named by what the analysis reads: gate-only settings keep it, analysis settings do not
     gate_only = load_config(overrides=["speaker.uncertain=skip", "speaker.min_score=0.5", "gate.policy=all"])
     assert faces_path(tmp_path, 0, 0, 30, gate_only) == cache
@@ -103,7 +100,7 @@ def test_an_analysis_timed_by_the_dub_follows_the_dub(tmp_path):
     info = probe(encode(tmp_path / "f.mp4", case.frames[:30], np.zeros(n, np.float32)))
     cache = faces_path(tmp_path, 0, 0, 30, CFG)
     first = decide_shot(0, 0, 30, info, case.audio[:n], SR, CFG, cache)
-    assert not first.details["faces"]["source_audio"]
+    assert not first.faces.source_audio
     saved = json.loads(cache.read_text())["dub_audio"]
     stamp = cache.stat().st_mtime_ns
     decide_shot(0, 0, 30, info, case.audio[:n], SR, CFG, cache)
@@ -147,7 +144,7 @@ def test_full_frame_forced_shots_skip_the_face_analysis(tmp_path):
     cache = faces_path(tmp_path, 0, 0, 30, cfg)
     d = decide_shot(0, 0, 30, info, case.audio[:n], SR, cfg, cache)
     assert d.dub and not cache.exists()
-    (region,) = decision_regions(d)
+    (region,) = d.regions
     assert (region.start_frame, region.end_frame, region.speaker) == (0, 30, None)
     assert region.plan.mode == "full"
     # the same shot in the default crop mode does read the faces (and caches them)

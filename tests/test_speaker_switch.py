@@ -4,6 +4,7 @@ from the source around it, so neither pops and no frame has both regions pasted 
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import numpy as np
@@ -11,9 +12,8 @@ import pytest
 
 import tasks.infinitetalk.resident as it
 from tasks.config import PlanConfig, load_config
-from tasks.decision.gate import DubRegion
-from tasks.decision.record import ShotDecision
-from tasks.decision.shot_decision import decide_shot, decision_regions, switch_frames
+from tasks.decision.record import DubRegion
+from tasks.decision.shot_decision import decide_shot, switch_frames
 from tasks.infinitetalk import ResidentModels, check_plan_agreement, ensure_tiny_root
 from tasks.media.audio import prepare_dialogue, slice_bounds
 from tasks.media.intermediates import write_marker
@@ -65,16 +65,14 @@ def switched(tmp_path_factory):
     cfg = load_config(overrides=["backend.name=infinitetalk", f"workspace.root={root / 'ws'}"])
     full = decide_shot(0, 0, whole.frame_count, whole, case.audio, SR, cfg)
     n = END - START
-    plans = {side_of(r.plan.face_box or r.plan.box): r for r in decision_regions(full)}
+    plans = {side_of(r.plan.face_box or r.plan.box): r for r in full.regions}
     left, right = plans["left"], plans["right"]  # each speaker's crop plan (static: the seeds barely move)
     cut = round(case.truth[1][0] * FPS) - START  # the true switch: this test is about the render, not who
     regions = [
         DubRegion(0, cut, left.speaker, left.score, "speaker", left.plan),
         DubRegion(cut, n, right.speaker, right.score, "speaker", right.plan),
     ]
-    decision = ShotDecision(
-        full.dub, full.reason, {**full.details, "regions": [r.to_dict() for r in regions]}
-    )
+    decision = dataclasses.replace(full, regions=tuple(regions))
     audio = case.audio[START * SR // FPS : END * SR // FPS]
     film = encode(root / "film.mp4", case.frames[START:END], audio)
     dub = root / "dub.wav"
@@ -103,7 +101,7 @@ def switched(tmp_path_factory):
 
 def test_the_plan_splits_at_the_switch_and_each_face_fades(switched):
     case, cfg, film, result, plan, decision = switched
-    regions = decision_regions(decision)
+    regions = list(decision.regions)
     assert [side_of(r.plan.face_box or r.plan.box) for r in regions] == ["left", "right"], decision.reason
     switch = regions[1].start_frame
     split = split_at(plan, switch_frames(decision))

@@ -28,6 +28,7 @@ import yaml
 
 from tasks.config import PipelineConfig
 from tasks.decision.characters import Character, TrackFaces, display_name, link_characters, shot_characters
+from tasks.decision.overrides import ShotOverrides, dub_action
 from tasks.decision.stems import NAME, shot_speech
 from tasks.errors import ConfigError
 from tasks.perception.face_analysis import ShotFaces
@@ -246,7 +247,8 @@ def film_cast(
         start, end, (a, b) = spans[index]
         cfg_i = cfg_of(index)
         cache = faces_path(work_dir, index, start, end, cfg_i)
-        _, faces = needed_faces(index, start, end, info, dialogue(a, b), sample_rate, cfg_i, cache)
+        own = ShotOverrides(index, action=dub_action(index, cfg_i.gate))  # a plan's speaker track: not here
+        _, faces = needed_faces(own, start, end, info, dialogue(a, b), sample_rate, cfg_i, cache)
         return faces, cache
 
     cfg = cfg_of(-1)

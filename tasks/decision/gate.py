@@ -1,8 +1,9 @@
 """Per-shot dub decision: speech in the dub track + who speaks on screen, a global policy and per-shot overrides.
 
 A shot is dubbed when the dub track speaks in it and someone on screen says the source's lines: only the
-speaking track's region is dubbed (one `DubRegion` per speaker turn); a shot whose speech nobody on screen
-says (voice-over, off-screen speaker, listeners only, posters) is passed through.  Uncertain speaker
+speaking track's region is dubbed (one `DubRegion` per speaker `Turn`); a shot whose speech nobody on
+screen says (voice-over, off-screen speaker, listeners only, posters) is passed through.  What the shot's
+overrides and the policy settle first is `tasks.decision.overrides.precedence`.  Uncertain speaker
 segments follow `speaker.uncertain` (most_likely | skip | largest).  The reason string is shown as-is in the
 shot table ("why dubbed / why not"), so it is short and specific.
 Must not decode media nor run models: it reads the speech verdict and the shot's face analysis.
@@ -11,9 +12,11 @@ Must not decode media nor run models: it reads the speech verdict and the shot's
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tasks.config import GateConfig, SpeakerConfig
+from tasks.decision.overrides import ShotOverrides, precedence
+from tasks.decision.record import DubRegion, ShotDecision, Turn
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speech import SpeechInfo
 from tasks.picture.region import (
@@ -26,62 +29,7 @@ from tasks.picture.region import (
     snap_box_size,
 )
 
-POLICIES = ("auto", "all", "none")
-OVERRIDES = ("dub", "skip")
 UNCERTAIN = ("most_likely", "skip", "largest")
-
-
-@dataclass(frozen=True)
-class DubRegion:
-    """Shot frames [start_frame, end_frame) dubbed in ``plan``'s box around ``speaker`` (display pixels)."""
-
-    start_frame: int
-    end_frame: int
-    speaker: int | None  # track id; None: no face (full-frame dub of a faceless shot, or a forced dub)
-    score: float
-    status: str  # speaker | uncertain | forced | two (two speakers at once: `people`)
-    plan: RegionPlan
-    people: tuple[dict[str, Any], ...] = ()  # two-speaker segment: one entry per person, see below
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plan": self.plan.to_dict(), "people": list(self.people)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DubRegion:
-        spk = d.get("speaker")
-        plan = RegionPlan.from_dict(d["plan"])
-        return cls(int(d["start_frame"]), int(d["end_frame"]), None if spk is None else int(spk),
-                   float(d["score"]), str(d["status"]), plan, tuple(d.get("people") or ()))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Whether a shot is dubbed, why, and where (one region per speaker turn)."""
-
-    dub: bool
-    reason: str
-    regions: tuple[DubRegion, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"dub": self.dub, "reason": self.reason, "regions": [r.to_dict() for r in self.regions]}
-
-
-def parse_overrides(raw: Mapping[Any, Any] | None) -> dict[int, str]:
-    """Validate a ``{shot_index: "dub" | "skip"}`` mapping (keys may be strings, as in YAML/JSON)."""
-    out: dict[int, str] = {}
-    for key, value in (raw or {}).items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            raise ValueError(f"shot override key {key!r} is not a shot index") from None
-        if index < 0:
-            raise ValueError(f"shot override key {key!r} must be >= 0")
-        action = str(value).strip().lower()
-        if action not in OVERRIDES:
-            raise ValueError(f"shot override for shot {index} must be 'dub' or 'skip', got {value!r}")
-        out[index] = action
-    return out
 
 
 def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
@@ -104,10 +52,8 @@ def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
     return seg.speaker, True
 
 
-def speaker_turns(
-    faces: ShotFaces, uncertain: str, min_score: float
-) -> list[tuple[int, int, int | None, float, str]]:
-    """[(start, end, track or None, score, status)] covering the shot: each segment reaches to the middle of
+def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Turn]:
+    """The turns covering the shot, from the face analysis's speaker segments: each reaches to the middle of
     the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
     one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
     too in one of its segments or its score is below ``min_score``."""
@@ -132,74 +78,62 @@ def speaker_turns(
     for start, end, track, scores, ambiguous in turns:
         score = sum(s * n for s, n in scores) / max(1, sum(n for _, n in scores))
         sure = not ambiguous and (track is None or score >= min_score)
-        out.append((start, end, track, round(score, 3), "speaker" if sure else "uncertain"))
+        out.append(Turn(start, end, track, round(score, 3), "speaker" if sure else "uncertain"))
     return out
 
 
-def _why_not(faces: ShotFaces, turns: list[tuple]) -> str:
+def _why_not(faces: ShotFaces, turns: Sequence[Turn]) -> str:
     if not faces.tracks:
         return "no face found"
     if all(t.still for t in faces.tracks):
         return "only still faces (poster, photo or screen)"
-    if any(status == "uncertain" for *_, status in turns):
+    if any(turn.status == "uncertain" for turn in turns):
         return "speaker uncertain (speaker.uncertain: skip)"
     return "speaker off screen"
 
 
 def decide_dub(
-    shot_index: int,
+    ov: ShotOverrides,
     speech: SpeechInfo,
     faces: ShotFaces | None,
     region: RegionConfig,
+    gate: GateConfig,
+    speaker: SpeakerConfig,
     *,
-    policy: str = "auto",
-    overrides: Mapping[Any, Any] | None = None,
-    require_face: bool = True,
-    uncertain: str = "most_likely",
-    min_score: float = 0.0,
-    turns: Sequence[tuple] | None = None,
+    turns: Sequence[Turn] | None = None,
     why_not: str = "",
     names: Mapping[str, str] | None = None,
-) -> Decision:
-    """Decide whether and where to dub one shot.
+) -> ShotDecision:
+    """Decide whether and where to dub one shot (``ov``: its overrides; its region overrides are applied
+    after, by `apply_region_overrides`).
 
-    Order: a per-shot override wins; then policy "all" / "none"; then "auto": the dub track must speak,
-    then someone on screen must say the source's lines (``require_face=False`` lets full-frame mode dub
-    speech shots without a face).  ``faces`` may be None only when the decision cannot depend on it.
-    ``turns`` (per-character stems, `tasks.decision.stems`): replace the face analysis's speaker turns; ``why_not``
-    then says why a shot with no dubbed turn is passed through.  ``names``: {track id (str): character}.
+    Order: `precedence` (skip override, policy "none", a forced dub, no speech in the dub slice); then
+    someone on screen must say the source's lines (``gate.require_face`` false lets full-frame mode dub
+    speech shots without a face; uncertain turns follow ``speaker.uncertain`` / ``speaker.min_score``).
+    ``faces`` may be None only when the decision cannot depend on it.  ``turns`` (per-character stems,
+    `tasks.decision.stems`): replace the face analysis's speaker turns; ``why_not`` then says why a shot
+    with no dubbed turn is passed through.  ``names``: {track id (str): character}.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"dub policy must be one of {POLICIES}, got {policy!r}")
-    action = parse_overrides(overrides).get(shot_index)
-    if action == "skip":
-        return Decision(False, "skipped by override")
-    if policy == "none" and action != "dub":
-        return Decision(False, "policy: dub no shots")
-    forced = "forced by override" if action == "dub" else "policy: dub all shots" if policy == "all" else None
-    if forced is None and not speech.has_speech:
-        return Decision(
-            False, speech.reason if speech.reason.startswith("no speech") else "no speech in dub track"
-        )
+    ruling = precedence(ov, gate.policy, speech)
+    if ruling.dub is False:
+        return ShotDecision(False, ruling.reason)
     if faces is None:
-        raise ValueError(f"shot {shot_index}: the decision needs the shot's face analysis")
-    turns = speaker_turns(faces, uncertain, min_score) if turns is None else turns
-    regions = tuple(
-        _region(faces, a, b, t, sc, st, region, tuple(more[0]) if more else ())
-        for a, b, t, sc, st, *more in turns
-        if t is not None
-    )
-    if forced is not None:
-        return Decision(True, forced, regions or (_whole_shot(faces, region, "forced"),))
+        raise ValueError(f"shot {ov.index}: the decision needs the shot's face analysis")
+    turns = speaker_turns(faces, speaker.uncertain, speaker.min_score) if turns is None else turns
+    regions = tuple(_region(faces, turn, region) for turn in turns if turn.track is not None)
+    if ruling.dub:
+        return ShotDecision(True, ruling.reason, regions or (_whole_shot(faces, region, "forced"),))
     pct = f"speech {speech.speech_ratio:.0%}"
     if regions:
         who = " -> ".join(_who(r, names or {}) for r in regions)
         sure = all(r.status in ("speaker", "two") for r in regions)
-        tag = "speaker" if sure else f"speaker uncertain, {uncertain.replace('_', ' ')}"
-        return Decision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
-    if region.mode == "full" and not require_face:
-        return Decision(True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),))
-    return Decision(False, why_not or _why_not(faces, turns))
+        tag = "speaker" if sure else f"speaker uncertain, {speaker.uncertain.replace('_', ' ')}"
+        return ShotDecision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
+    if region.mode == "full" and not gate.require_face:
+        return ShotDecision(
+            True, f"{pct}, full frame (no face needed)", (_whole_shot(faces, region, "forced"),)
+        )
+    return ShotDecision(False, why_not or _why_not(faces, turns))
 
 
 def _who(r: DubRegion, names: Mapping[str, str]) -> str:
@@ -212,7 +146,7 @@ def _whole_shot(faces: ShotFaces, cfg: RegionConfig, status: str) -> DubRegion:
     """The whole shot around its largest moving face (or the full-frame box without one)."""
     live = [t for t in faces.tracks if not t.still] or list(faces.tracks)
     track = max(live, key=lambda t: t.side_px).id if live else None
-    return _region(faces, 0, faces.num_frames, track, 0.0, status, cfg)
+    return _region(faces, Turn(start=0, end=faces.num_frames, track=track, score=0.0, status=status), cfg)
 
 
 def _holding(boxes: list[Box], frame_hw: tuple[int, int], num_frames: int, cfg: RegionConfig) -> RegionPlan:
@@ -224,94 +158,56 @@ def _holding(boxes: list[Box], frame_hw: tuple[int, int], num_frames: int, cfg: 
     (h, w), bucket = snap_box_size(1.4 * (y1 - y0), 1.15 * (x1 - x0), frame_hw, cfg.size)
     if cfg.mode == "full" or h < y1 - y0 or w < x1 - x0:
         box, bucket = full_frame_box(frame_hw, cfg.size)
-        why = "two speakers: full frame"
-        return RegionPlan("full", box, bucket, True, len(boxes), why, frame_hw, num_frames, face_box=both)
-    bx = min(max(round((x0 + x1 - w) / 2), 0), frame_hw[1] - w)
-    by = min(max(round((y0 + y1 - h) / 2), 0), frame_hw[0] - h)
-    why = "two speakers: a box holding both faces"
-    return RegionPlan("region", (bx, by, bx + w, by + h), bucket, True, len(boxes), why, frame_hw, num_frames,
-                      face_box=both)  # fmt: skip
+        mode, why = "full", "two speakers: full frame"
+    else:
+        bx = min(max(round((x0 + x1 - w) / 2), 0), frame_hw[1] - w)
+        by = min(max(round((y0 + y1 - h) / 2), 0), frame_hw[0] - h)
+        box, mode, why = (bx, by, bx + w, by + h), "region", "two speakers: a box holding both faces"
+    return RegionPlan(
+        mode=mode, box=box, bucket=bucket, face_found=True, detections=len(boxes), reason=why,
+        frame_size=frame_hw, num_frames=num_frames, face_box=both,
+    )  # fmt: skip
 
 
-def _region(
-    faces: ShotFaces,
-    start: int,
-    end: int,
-    track: int | None,
-    score: float,
-    status: str,
-    cfg: RegionConfig,
-    people: tuple[dict[str, Any], ...] = (),
-) -> DubRegion:
-    """The dub box of frames [start, end) around ``track`` (tasks.picture.region geometry, display pixels); a
-    two-speaker region's box holds every person's box (`people`)."""
+def _region(faces: ShotFaces, turn: Turn, cfg: RegionConfig) -> DubRegion:
+    """The dub box of the turn's frames around its track (tasks.picture.region geometry, display pixels); a
+    two-speaker turn's box holds every person's box (`people`)."""
+    start, end, track = turn.start, turn.end, turn.track
     samples: list[tuple[int, Box]] = []
     n_samples = len(range(0, end - start, max(1, faces.step_frames)))
-    if people:
-        plan = _holding([p["box"] for p in people], faces.display_hw, end - start, cfg)
-        return DubRegion(start, end, track, round(score, 3), status, plan, people)
-    if track is not None:
-        tr = faces.track(track)
-        samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
-        n_samples = max(1, len(samples))
-    plan = plan_from_track(samples or None, faces.display_hw, end - start, n_samples, cfg)
-    if track is None and cfg.mode != "full":
-        box, bucket = full_frame_box(faces.display_hw, cfg.size)
-        plan = RegionPlan("full", box, bucket, False, 0, "no face: full frame", faces.display_hw, end - start)
-    return DubRegion(start, end, track, round(score, 3), status, plan, people)
-
-
-def _own(raw: Mapping[Any, Any] | None, shot_index: int) -> Any:
-    """The entry of a {shot index: value} mapping for this shot (keys may be strings, as in YAML / JSON)."""
-    own = [v for k, v in (raw or {}).items() if str(k).strip() == str(shot_index)]
-    return own[-1] if own else None
-
-
-def region_overrides(
-    shot_index: int,
-    speakers: Mapping[Any, Any] | None,
-    crops: Mapping[Any, Any] | None,
-    frame_hw: tuple[int, int] | None = None,
-) -> tuple[int | None, Box | None]:
-    """This shot's speaker track and crop box overrides (None: automatic); a bad value raises ValueError
-    naming the shot. ``frame_hw``: the display frame (H, W) the box must lie in."""
-    speaker, box = _own(speakers, shot_index), _own(crops, shot_index)
-    if speaker is not None and (isinstance(speaker, bool) or not isinstance(speaker, int) or speaker < 0):
-        raise ValueError(
-            f"shot {shot_index}: speaker must be a face track id (an integer >= 0), got {speaker!r}"
-        )
-    if box is None:
-        return speaker, None
-    ints = isinstance(box, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in box)
-    if not ints or len(box) != 4:
-        raise ValueError(
-            f"shot {shot_index}: crop must be [x0, y0, x1, y1] (4 integers, display pixels), got {box!r}"
-        )
-    x0, y0, x1, y1 = box
-    if not (0 <= x0 < x1 and 0 <= y0 < y1):
-        raise ValueError(f"shot {shot_index}: crop {list(box)} needs 0 <= x0 < x1 and 0 <= y0 < y1")
-    if frame_hw is not None and (x1 > frame_hw[1] or y1 > frame_hw[0]):
-        raise ValueError(
-            f"shot {shot_index}: crop {list(box)} lies outside the {frame_hw[1]}x{frame_hw[0]} frame (display pixels)"
-        )
-    return speaker, (x0, y0, x1, y1)
+    if turn.people:
+        plan = _holding([p["box"] for p in turn.people], faces.display_hw, end - start, cfg)
+    else:
+        if track is not None:
+            tr = faces.track(track)
+            samples = [(t - start, b) for t, b in tr.samples(start, end)] or [(0, tr.boxes[-1])]
+            n_samples = max(1, len(samples))
+        plan = plan_from_track(samples or None, faces.display_hw, end - start, n_samples, cfg)
+        if track is None and cfg.mode != "full":
+            box, bucket = full_frame_box(faces.display_hw, cfg.size)
+            plan = RegionPlan(
+                mode="full", box=box, bucket=bucket, face_found=False, detections=0, reason="no face: full frame",
+                frame_size=faces.display_hw, num_frames=end - start,
+            )  # fmt: skip
+    return DubRegion(
+        start_frame=start, end_frame=end, speaker=track, score=round(turn.score, 3), status=turn.status,
+        plan=plan, people=turn.people,
+    )  # fmt: skip
 
 
 def apply_region_overrides(
-    decision: Decision,
-    shot_index: int,
+    decision: ShotDecision,
+    ov: ShotOverrides,
     faces: ShotFaces | None,
     region: RegionConfig,
     frame_hw: tuple[int, int],
     num_frames: int,
-    override: tuple[int | None, Box | None],
-    skipped: bool,
-) -> Decision:
-    """The automatic ``decision`` with the shot's (speaker, crop) ``override`` applied: one region over the
-    whole shot, around that face track and/or in that box, dubbed whatever the evidence said (a shot
-    ``skipped`` by its dub override stays skipped). An unknown track raises ValueError naming the shot."""
-    speaker, box = override
-    if skipped or (speaker is None and box is None):
+) -> ShotDecision:
+    """The automatic ``decision`` with the shot's speaker / crop overrides (``ov``) applied: one region over
+    the whole shot, around that face track and/or in that box, dubbed whatever the evidence said (a shot
+    skipped by its dub override stays skipped). An unknown track raises ValueError naming the shot."""
+    speaker, box = ov.speaker, ov.crop
+    if ov.action == "skip" or (speaker is None and box is None):
         return decision
     what = [] if speaker is None else [f"speaker {speaker}"]
     if speaker is not None:
@@ -319,30 +215,21 @@ def apply_region_overrides(
         if speaker not in ids:
             have = ", ".join(map(str, ids)) or "none"
             raise ValueError(
-                f"shot {shot_index}: speaker {speaker}: no such face track (the shot's tracks: {have})"
+                f"shot {ov.index}: speaker {speaker}: no such face track (the shot's tracks: {have})"
             )
     if box is not None:
         what.append(f"crop [{', '.join(map(str, box))}]")
     reason = "plan: " + ", ".join(what)
     if box is None:
         assert faces is not None
-        dubbed = _region(faces, 0, faces.num_frames, speaker, 0.0, "plan", region)
+        whole = Turn(start=0, end=faces.num_frames, track=speaker, score=0.0, status="plan")
+        dubbed = _region(faces, whole, region)
     else:
+        plan = plan_from_box(box, frame_hw, num_frames, region.size, reason)
         dubbed = DubRegion(
-            0, num_frames, speaker, 0.0, "plan", plan_from_box(box, frame_hw, num_frames, region.size, reason)
+            start_frame=0, end_frame=num_frames, speaker=speaker, score=0.0, status="plan", plan=plan
         )
-    return Decision(True, reason, (dubbed,))
+    return ShotDecision(True, reason, (dubbed,))
 
 
-__all__ = [
-    "OVERRIDES",
-    "POLICIES",
-    "UNCERTAIN",
-    "Decision",
-    "DubRegion",
-    "apply_region_overrides",
-    "decide_dub",
-    "parse_overrides",
-    "region_overrides",
-    "speaker_turns",
-]
+__all__ = ["UNCERTAIN", "apply_region_overrides", "decide_dub", "speaker_turns"]

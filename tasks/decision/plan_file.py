@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from tasks.config import PipelineConfig
-from tasks.decision.gate import region_overrides
+from tasks.decision.overrides import region_overrides
 from tasks.errors import ConfigError
 from tasks.timeline.shot_key import shot_config
 

@@ -23,13 +23,8 @@ from typing import Any
 import numpy as np
 
 from tasks.config import PipelineConfig
-from tasks.decision.gate import (
-    DubRegion,
-    apply_region_overrides,
-    decide_dub,
-    parse_overrides,
-    region_overrides,
-)
+from tasks.decision.gate import apply_region_overrides, decide_dub
+from tasks.decision.overrides import ShotOverrides, needs_faces, precedence, shot_overrides
 from tasks.decision.record import ShotDecision
 from tasks.decision.stems import cast_turns
 from tasks.errors import ConfigError
@@ -73,31 +68,13 @@ def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
     return faces
 
 
-def _needs_faces(
-    shot_index: int, has_speech: bool, cfg: PipelineConfig, track_override: bool = False
-) -> bool:
-    """Whether the gate's outcome (or the dubbed region) depends on the picture (``track_override``: the
-    shot's region follows a face track the config names)."""
-    try:
-        action = parse_overrides(cfg.gate.overrides).get(shot_index)
-    except ValueError as ex:
-        raise ConfigError("gate.overrides", str(ex)) from ex
-    if action == "skip":
-        return False
-    if track_override:
-        return True
-    if cfg.gate.policy == "none" and action != "dub":
-        return False
-    forced = action == "dub" or cfg.gate.policy == "all"
-    if forced and cfg.region.mode == "full":  # dubbed on the whole frame whatever the faces
-        return False
-    return forced or has_speech
-
-
 def _no_faces(info: VideoInfo, start: int, end: int) -> ShotFaces:
     """An analysis with no faces, for a shot whose decision and region cannot depend on the picture."""
     w, h = info.display_size
-    return ShotFaces(end - start, float(info.fps), (h, w), (h, w), False, (), (), (), (), 1, 0.0)
+    return ShotFaces(
+        num_frames=end - start, fps=float(info.fps), display_hw=(h, w), analysis_hw=(h, w), source_audio=False,
+        tracks=(), segments=(), speech=(), activity=(), step_frames=1, cpu_s=0.0,
+    )  # fmt: skip
 
 
 def shot_faces(
@@ -114,21 +91,22 @@ def shot_faces(
 
 
 def needed_faces(
-    shot_index: int, start: int, end: int, info: VideoInfo, audio: np.ndarray, sample_rate: int,
-    cfg: PipelineConfig, cache: Path | None = None, *, planned: bool = False, track_override: bool = False,
+    ov: ShotOverrides, start: int, end: int, info: VideoInfo, audio: np.ndarray, sample_rate: int,
+    cfg: PipelineConfig, cache: Path | None = None, *, planned: bool = False,
 ) -> tuple[SpeechInfo, ShotFaces | None]:  # fmt: skip
-    """The dub slice's speech and, when the shot's outcome can depend on it, its face analysis (read from /
-    written to ``cache``; see `decide_shot`). ``track_override``: the plan names the shot's speaker track."""
+    """The dub slice's speech and, when the shot's outcome can depend on it (`tasks.decision.overrides`:
+    `precedence`, then `needs_faces`), its face analysis (read from / written to ``cache``; see
+    `decide_shot`). ``ov``: the shot's overrides."""
     mono = np.ascontiguousarray(audio.mean(axis=1) if audio.ndim == 2 else audio, dtype=np.float32)
     speech = detect_speech(mono, sample_rate, cfg.speaker)
     faces = None
-    if _needs_faces(shot_index, speech.has_speech, cfg, track_override=track_override):
+    if needs_faces(ov, precedence(ov, cfg.gate.policy, speech), cfg.region.mode):
         if cache is not None and cache.is_file():
             faces = _cached_faces(cache, mono)
         if faces is None:
             if planned:
                 log.warning(
-                    "shot %04d: no face analysis from planning (%s): analysing it here", shot_index, cache
+                    "shot %04d: no face analysis from planning (%s): analysing it here", ov.index, cache
                 )
             faces = shot_faces(info, start, end, mono, sample_rate, cfg)
             if cache is not None:
@@ -155,47 +133,24 @@ def decide_shot(
     it) the face analysis of frames [start, end), then the gate.  ``cache``: the analysis JSON file;
     ``planned``: the planning should have written it (a GPU worker's call), so its absence is logged."""
     frame_hw = info.display_size[::-1]
-    try:  # the shot's speaker / crop overrides, checked before any analysis
-        override = region_overrides(shot_index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
-    except ValueError as ex:
-        raise ConfigError("gate", str(ex)) from ex
-    speech, faces = needed_faces(
-        shot_index, start, end, info, audio, sample_rate, cfg, cache, planned=planned,
-        track_override=override[0] is not None,
-    )  # fmt: skip
-    turns, why_not, names = cast_turns(
-        faces, cfg
-    )  # per-character stems / undubbed characters (tasks.decision.stems)
+    ov = shot_overrides(shot_index, cfg.gate, frame_hw)  # parsed once, checked before any analysis
+    speech, faces = needed_faces(ov, start, end, info, audio, sample_rate, cfg, cache, planned=planned)
+    turns, why_not, names = cast_turns(faces, cfg)  # per-character stems / undubbed characters (stems.py)
+    region = region_config(cfg)
     try:
         d = decide_dub(
-            shot_index, speech, faces, region_config(cfg), policy=cfg.gate.policy, overrides=cfg.gate.overrides,
-            require_face=cfg.gate.require_face, uncertain=cfg.speaker.uncertain, min_score=cfg.speaker.min_score,
-            turns=turns, why_not=why_not, names=names,
-        )  # fmt: skip
-        skipped = parse_overrides(cfg.gate.overrides).get(shot_index) == "skip"
-        d = apply_region_overrides(
-            d, shot_index, faces, region_config(cfg), frame_hw, end - start, override, skipped
+            ov, speech, faces, region, cfg.gate, cfg.speaker, turns=turns, why_not=why_not, names=names
         )
+        d = apply_region_overrides(d, ov, faces, region, frame_hw, end - start)
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
-    details: dict[str, Any] = {
-        "speech": speech.to_dict(),
-        "regions": [r.to_dict() for r in d.regions],
-        "faces": None if faces is None else faces.to_dict(),
-        "characters": names,
-    }
-    return ShotDecision(d.dub, d.reason, details)
-
-
-def decision_regions(decision: ShotDecision) -> list[DubRegion]:
-    """The dubbed regions of a decision (shot-relative frames)."""
-    return [DubRegion.from_dict(r) for r in decision.details.get("regions") or []]
+    return dataclasses.replace(d, speech=speech, faces=faces, characters=names)
 
 
 def switch_frames(decision: ShotDecision) -> list[int]:
     """Shot frames where the dubbed region moves to another speaker (the renderer splits the chunk plan
     there, `tasks.timeline.plan.split_at`): the start of every region after the first."""
-    regions = sorted(decision_regions(decision), key=lambda r: r.start_frame) if decision.dub else []
+    regions = sorted(decision.regions, key=lambda r: r.start_frame) if decision.dub else []
     return [
         r.start_frame for prev, r in zip(regions[:-1], regions[1:], strict=True) if r.speaker != prev.speaker
     ]
@@ -204,9 +159,9 @@ def switch_frames(decision: ShotDecision) -> list[int]:
 def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]]:
     """The estimate's / shot table's regions: film frames, box in display pixels, speaker track and score,
     the speaker's character (None when unknown) and, for a two-speaker region, its people."""
-    names = decision.details.get("characters") or {}
+    names = decision.characters
     out = []
-    for r in decision_regions(decision) if decision.dub else []:
+    for r in decision.regions if decision.dub else ():
         out.append(
             {
                 "start_frame": shot_start + r.start_frame,
@@ -232,7 +187,6 @@ def _write_json(path: Path, obj: Any) -> None:
 
 __all__ = [
     "decide_shot",
-    "decision_regions",
     "faces_path",
     "needed_faces",
     "region_config",

@@ -13,6 +13,7 @@ Must not decode media (callers pass samples) nor build regions (tasks.decision.g
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -21,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from tasks.config import PipelineConfig, SpeakerConfig
+from tasks.decision.gate import speaker_turns
+from tasks.decision.record import Turn
 from tasks.errors import ConfigError
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speech import vad_settings
 from tasks.perception.vad import RATE, resample_to_vad, segments, speech_probs
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,63}$")
-Turn = tuple[int, int, int | None, float, str, tuple[dict[str, Any], ...]]
 
 
 def parse_stems(items: Sequence[str] | Mapping[str, str] | None, where: str = "--stem") -> dict[str, str]:
@@ -153,16 +155,17 @@ def stem_turns(
         start = 0 if i == 0 else (merged[i - 1][1] + a) // 2
         end = n if i == len(merged) - 1 else (b + merged[i + 1][0]) // 2
         if not state:
-            turns.append((start, end, None, 1.0, "none", ()))
+            turns.append(Turn(start=start, end=end, track=None, score=1.0, status="none"))
         elif len(state) == 1:
-            turns.append((start, end, state[0], 1.0, "speaker", ()))
+            turns.append(Turn(start=start, end=end, track=state[0], score=1.0, status="speaker"))
         else:
             people = tuple(
                 {"track": k, "character": characters.get(str(k)), "stem": characters.get(str(k)),
                  "box": _union_box(faces, k, start, end)}
                 for k in state
             )  # fmt: skip
-            turns.append((start, end, _louder(faces, characters, level, [a, b, state]), 1.0, "two", people))
+            louder = _louder(faces, characters, level, [a, b, state])
+            turns.append(Turn(start=start, end=end, track=louder, score=1.0, status="two", people=people))
     return turns, _why(names, level, at, undub, min_turn)
 
 
@@ -193,16 +196,16 @@ def _why(
 
 
 def undub_turns(
-    turns: Sequence[tuple], characters: Mapping[str, str], undub: Sequence[str]
+    turns: Sequence[Turn], characters: Mapping[str, str], undub: Sequence[str]
 ) -> tuple[list[Turn], str]:
     """The mixed track's speaker turns with the undubbed characters' turns emptied (and the reason)."""
     out, kept = [], []
-    for a, b, track, score, status, *rest in turns:
-        who = characters.get(str(track)) if track is not None else None
+    for turn in turns:
+        who = characters.get(str(turn.track)) if turn.track is not None else None
         if who is not None and who in undub:
             kept.append(who)
-            track, status = None, "none"
-        out.append((a, b, track, score, status, tuple(rest[0]) if rest else ()))
+            turn = dataclasses.replace(turn, track=None, status="none")
+        out.append(turn)
     why = f"{', '.join(sorted(set(kept)))} undubbed (cast.undub)" if kept else ""
     return out, why
 
@@ -210,8 +213,6 @@ def undub_turns(
 def cast_turns(faces: ShotFaces | None, cfg: PipelineConfig) -> tuple[list[Turn] | None, str, dict[str, str]]:
     """(turns for `tasks.decision.gate.decide_dub` or None for the face analysis's own, why nothing is dubbed,
     {track id: character}) of a shot under its effective config's `cast.shot` (filled by the planning)."""
-    from tasks.decision.gate import speaker_turns
-
     shot = cfg.cast.shot or {}
     names = {str(k): str(v) for k, v in (shot.get("tracks") or {}).items()}
     if faces is None:
@@ -228,4 +229,4 @@ def cast_turns(faces: ShotFaces | None, cfg: PipelineConfig) -> tuple[list[Turn]
     return None, "", names
 
 
-__all__ = ["Turn", "cast_turns", "parse_stems", "shot_speech", "stem_speech", "stem_turns", "undub_turns"]
+__all__ = ["cast_turns", "parse_stems", "shot_speech", "stem_speech", "stem_turns", "undub_turns"]

@@ -198,7 +198,7 @@ class InfiniteTalkBackend:
         )  # fmt: skip
         d = resolve_two_speakers(d, self.multi_available, context.config)  # multi missing: the louder
         if d.dub and self.tiny:
-            d = ShotDecision(d.dub, f"{TINY_BANNER}; {d.reason}", d.details)
+            d = dataclasses.replace(d, reason=f"{TINY_BANNER}; {d.reason}")
         self.log.info("shot %04d: %s (%s)", plan.shot_index, "dub" if d.dub else "pass through", d.reason)
         return d
 

@@ -1,4 +1,4 @@
-"""Two speakers at once: a shot with a two-speaker segment (`tasks.decision.gate.DubRegion` of status "two" with two
+"""Two speakers at once: a shot with a two-speaker segment (`tasks.decision.record.DubRegion` of status "two" with two
 `people`) is generated with the multi (two-person) InfiniteTalk checkpoint, one audio stream per person
 (each person's dub stem, its wav2vec2 features cached per film like the dialogue's) and person masks
 from the people's boxes mapped into the shot's model crop (`model.conditioning.speaker_masks`); the DiT's
@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config import PipelineConfig
-from tasks.decision.gate import DubRegion
-from tasks.decision.record import ShotDecision
-from tasks.decision.shot_decision import decision_regions, region_config
+from tasks.decision.record import DubRegion, ShotDecision
+from tasks.decision.shot_decision import region_config
 from tasks.errors import MediaError
 from tasks.picture.region import Box, RegionPlan, plan_from_track
 from tasks.render.backend import ShotContext
@@ -81,7 +80,7 @@ def resolve_two_speakers(
     (`multi_available()`, asked only for a shot with such a segment; one pair of people per shot: the
     longest segment's, segments of another pair dub their louder person), otherwise each one dubbed as its
     louder person's one-speaker region. Idempotent; the reason says why."""
-    regions = decision_regions(decision)
+    regions = decision.regions
     two = [r for r in regions if is_two(r)]
     if not two:
         return decision
@@ -99,8 +98,7 @@ def resolve_two_speakers(
         return decision
     for note in notes:
         log.warning("%s", note)
-    details = {**decision.details, "regions": [r.to_dict() for r in out]}
-    return ShotDecision(decision.dub, "; ".join([decision.reason, *notes]), details)
+    return dataclasses.replace(decision, reason="; ".join([decision.reason, *notes]), regions=tuple(out))
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ class TwoSpeakers:
 
 def two_speakers(decision: ShotDecision) -> TwoSpeakers | None:
     """The shot's two-speaker segment after `resolve_two_speakers` (at most one pair per shot), or None."""
-    two = [r for r in decision_regions(decision) if is_two(r)]
+    two = [r for r in decision.regions if is_two(r)]
     return TwoSpeakers(max(two, key=lambda r: r.end_frame - r.start_frame)) if two else None
 
 

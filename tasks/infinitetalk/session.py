@@ -19,7 +19,6 @@ import numpy as np
 
 from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.decision.record import ShotDecision
-from tasks.decision.shot_decision import decision_regions
 from tasks.errors import MediaError
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
@@ -189,7 +188,7 @@ class InfiniteTalkSession:
 
     def _map_region(self, geometry: ModelGeometry, decision: ShotDecision) -> tuple[int, int]:
         """Sets the shot's `ShotRegion` (the gate's speaker regions, or the full frame); returns the model size."""
-        parts = [(r.start_frame, r.end_frame, r.plan) for r in decision_regions(decision)]
+        parts = [(r.start_frame, r.end_frame, r.plan) for r in decision.regions]
         blend = self.backend.config.region.switch_blend_frames
         rplan, weights = combine_regions(parts, self.plan.num_frames, blend) if parts else (None, None)
         if rplan is not None and rplan.mode == "full":

@@ -1,7 +1,7 @@
 """Who-speaks overlays for the QC contact sheet: every face track, the chosen speaker, the speech timeline.
 
 Holds `SpeakerOverlay`, built from a shot's face analysis (`tasks.perception.face_analysis.ShotFaces`) and its dubbed
-regions (`tasks.decision.gate.DubRegion`): `annotate` draws on a source frame (display orientation, display
+regions (`tasks.decision.record.DubRegion`): `annotate` draws on a source frame (display orientation, display
 pixels) every track visible at that frame (grey; still pictures red) with its character's name when
 known, the dubbed speaker's face (both faces of a two-speaker turn) in green with its track id and score,
 and the dubbed crop box, each face labelled with its audio-visual agreement with the speech ("av +0.42")
@@ -15,7 +15,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from tasks.decision.gate import DubRegion
+from tasks.decision.record import DubRegion, ShotDecision
 from tasks.perception.face_analysis import ShotFaces
 
 GREY, RED, GREEN, YELLOW = (170, 170, 170), (230, 60, 60), (60, 220, 90), (250, 210, 60)
@@ -126,12 +126,11 @@ class SpeakerOverlay:
         return img
 
 
-def speaker_overlay(details: dict) -> SpeakerOverlay | None:
-    """The overlay of a shot decision's details (None when the decision carries no face analysis)."""
-    if not details.get("faces"):
+def speaker_overlay(decision: ShotDecision) -> SpeakerOverlay | None:
+    """The overlay of a shot decision (None when the decision carries no face analysis)."""
+    if decision.faces is None:
         return None
-    regions = [DubRegion.from_dict(r) for r in details.get("regions") or []]
-    return SpeakerOverlay(ShotFaces.from_dict(details["faces"]), regions, details.get("characters"))
+    return SpeakerOverlay(decision.faces, list(decision.regions), decision.characters)
 
 
 __all__ = ["SpeakerOverlay", "speaker_overlay"]

@@ -201,7 +201,7 @@ def write_shot_qc(
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
     geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
-    overlay = speaker_overlay(decision.details) if decision is not None else None
+    overlay = speaker_overlay(decision) if decision is not None else None
     wav = atomic_temp(qc_dir / f"{stem}.wav")
     try:
         sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
