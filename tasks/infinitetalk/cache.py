@@ -12,14 +12,13 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.weights import TINY_WEIGHTS_SEED
-from tasks.files import atomic_temp
+from tasks.files import atomic_path
 from tasks.infinitetalk.tiny import TINY_BANNER
 
 if TYPE_CHECKING:
@@ -56,13 +55,11 @@ def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
             return root
         from model.tiny import write_tiny_root
 
-        tmp = cache_dir / f".tiny-weights-seed{seed}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         log.warning("[%s] writing tiny random weights to %s", TINY_BANNER, root)
-        write_tiny_root(tmp, seed)
-        (tmp / ".complete").touch()
-        shutil.rmtree(root, ignore_errors=True)  # an interrupted earlier attempt
-        os.replace(tmp, root)
+        with atomic_path(root) as tmp:
+            write_tiny_root(tmp, seed)
+            (tmp / ".complete").touch()
+            shutil.rmtree(root, ignore_errors=True)  # an interrupted earlier attempt
     return root
 
 
@@ -100,10 +97,6 @@ def cached_tensors(path: Path, compute: Callable[[], tuple[dict[str, torch.Tenso
         if path.exists():  # another process wrote it while this one waited
             return path
         tensors, metadata = compute()
-        tmp = atomic_temp(path)
-        try:
+        with atomic_path(path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     return path

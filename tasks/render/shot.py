@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from tasks.config import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import switch_frames
 from tasks.errors import DecodeError, MediaError
-from tasks.files import atomic_temp
+from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.audio import DialogueTrack, read_samples
 from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
@@ -102,40 +103,18 @@ def chunk_audio(shot_audio: np.ndarray, sample_rate: int, plan: ShotPlan, chunk_
 def _concat_copy(segments: list[Path], out: Path, workdir: Path) -> None:
     """Join FFV1 segments by stream copy into `out` (atomic)."""
     if len(segments) == 1:
-        tmp = atomic_temp(out)
-        try:
+        with atomic_path(out) as tmp:
             shutil.copyfile(segments[0], tmp)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
         return
     listing = workdir / "concat.txt"
     listing.write_text("ffconcat version 1.0\n" + "".join(f"file {_quote(p)}\n" for p in segments))
-    tmp = atomic_temp(out)
-    try:
+    with atomic_path(out) as tmp:
         ffmpeg.run(
-            [
-                "-v",
-                "error",
-                "-y",
-                "-f",
-                "concat",
-                "-safe",
-                "0",
-                "-i",
-                str(listing),
-                "-c",
-                "copy",
-                "-f",
-                "matroska",
-                str(tmp),
-            ],
+            ["-v", "error", "-y", "-f", "concat", "-safe", "0", "-i", str(listing), "-c", "copy"]
+            + ["-f", "matroska", str(tmp)],
             path=out,
             what="joining chunk segments",
         )
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _quote(p: Path) -> str:
@@ -202,7 +181,10 @@ def write_shot_qc(
     dubbed = probe(rendered, frame_count="packets")
     geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
     overlay = speaker_overlay(decision.details) if decision is not None else None
-    wav = atomic_temp(qc_dir / f"{stem}.wav")
+    qc_dir.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp.wav", dir=qc_dir)  # scratch, removed below
+    os.close(fd)
+    wav = Path(name)
     try:
         sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
         result = write_qc(
