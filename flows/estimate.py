@@ -27,8 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.prepare import LocalSteps, prepare_film
 from tasks.config import PipelineConfig
+from tasks.decision.cast import check_cast
 from tasks.errors import ConfigError
+from tasks.infinitetalk.multi import switch_load_s
+from tasks.media.probe import VideoInfo
 from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -252,91 +256,41 @@ def estimate_film(
     work_dir: str | Path | None = None,
 ) -> FilmEstimate:
     """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio` (and the
-    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.decision.cast`).  When
-    characters are linked, the face analyses and embeddings are kept under ``work_dir`` (default: a
-    temporary folder), where a later estimate finds them."""
-    from tasks.decision.cast import cast_active, check_cast
-    from tasks.media.audio import check_length, conform, decode_audio, slice_bounds
-    from tasks.media.probe import probe
-    from tasks.timeline.plan import plan_film
-    from tasks.timeline.shots import detect_shots
-
+    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.decision.cast`): the
+    film preparation (`flows.prepare.prepare_film`) as plain calls, then the price of each dubbed shot.
+    The face analyses and embeddings are kept under ``work_dir`` (default: a temporary folder), where a
+    later estimate finds them."""
     price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
     check_cast(cfg, stems)  # stills exist, stems name characters: before any decoding
-    info = probe(source, frame_count=cfg.probe.frame_count)
-    shots = detect_shots(info, cfg.shots)
-    plans = plan_film(shots.shots, shots.fps, cfg.plan)
-    samples = decode_audio(audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
-    decision = check_length(
-        samples.shape[0], cfg.audio.sample_rate, shots.frame_count, shots.fps, cfg.audio.length_policy,
-        path=audio,
-    )  # fmt: skip
-    samples = conform(samples, decision)
-    mono = _stems(stems, shots.frame_count, shots.fps, cfg)  # checked before the face analysis
-    edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
-    bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
-
     with tempfile.TemporaryDirectory(prefix="dubflow-estimate-") as scratch:
-        tmp = str(work_dir or scratch)
-        spans = [(s.index, s.start_frame, s.end_frame, ab) for s, ab in zip(shots.shots, bounds, strict=True)]
-        cast = _cast(info, spans, samples, mono, cfg, tmp) if cast_active(cfg, stems) else None
-        out = _decide(info, shots.shots, plans, bounds, samples, cfg, price, cast, tmp)
-    width, height = info.display_size
+        steps = LocalSteps(cfg, Path(scratch), Path(work_dir) if work_dir else None)
+        film = prepare_film(str(source), str(audio), cfg, steps, stems=stems)
+    out = []
+    for r in film.records:
+        plan, d = ShotPlan.from_dict(r["plan"]), r["decision"]
+        regions = tuple(d["regions"])
+        gpu = (
+            shot_gpu_s(plan, price.chunk_s) + switch_load_s(list(regions), price.load_s or 0.0)
+            if d["dub"]
+            else 0.0
+        )
+        out.append(
+            ShotEstimate(
+                r["index"],
+                plan.start_frame,
+                plan.end_frame,
+                d["dub"],
+                d["reason"],
+                len(plan.chunks),
+                gpu,
+                regions,
+            )
+        )
+    width, height = VideoInfo.from_dict(film.video).display_size
     return FilmEstimate(
-        source=str(source), frames=shots.frame_count, fps=str(shots.fps), display_width=width,
+        source=str(source), frames=film.shots["frame_count"], fps=str(film.shots["fps"]), display_width=width,
         display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
         branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
         load_s=price.load_s, shots=tuple(out), missing=price.missing,
-        characters=cast.characters if cast is not None else (),
+        characters=film.cast.characters if film.cast is not None else (),
     )  # fmt: skip
-
-
-def _stems(stems: dict[str, str] | None, frame_count: int, fps: Any, cfg: PipelineConfig) -> dict[str, Any]:
-    """{NAME: mono samples} of the stems, each checked like the dialogue track."""
-    from tasks.decision.cast import load_stem
-
-    return {n: load_stem(p, frame_count, fps, cfg) for n, p in (stems or {}).items()}
-
-
-def _cast(info: Any, spans: list, samples: Any, mono: dict[str, Any], cfg: PipelineConfig, tmp: str):
-    """The film's characters and per-shot `cast.shot`."""
-    from tasks.decision.cast import film_cast
-
-    mix = samples.mean(axis=1)
-    return film_cast(info, spans, lambda a, b: mix[a:b], cfg.audio.sample_rate, mono, lambda _i: cfg, tmp)
-
-
-def _decide(info, shots, plans, bounds, samples, cfg, price, cast, tmp) -> list[ShotEstimate]:
-    """Each shot's gate decision and GPU seconds (its `cast.shot` applied when characters are linked)."""
-    from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
-    from tasks.infinitetalk.multi import switch_load_s
-    from tasks.timeline.shot_key import shot_config
-
-    out = []
-    for shot, plan, (a, b) in zip(shots, plans, bounds, strict=True):
-        cfg_i, cache = cfg, None
-        if cast is not None:
-            cfg_i = PipelineConfig.from_dict(shot_config(cfg.to_dict(), cast.overrides(shot.index)))
-            cache = faces_path(tmp, shot.index, shot.start_frame, shot.end_frame, cfg_i)
-        d = decide_shot(
-            shot.index,
-            shot.start_frame,
-            shot.end_frame,
-            info,
-            samples[a:b],
-            cfg.audio.sample_rate,
-            cfg_i,
-            cache,
-        )
-        gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
-        gpu += (
-            switch_load_s(d.details.get("regions") or [], price.load_s or 0.0) if d.dub else 0.0
-        )  # multi DiT
-        regions = tuple(regions_json(d, shot.start_frame))
-        out.append(
-            ShotEstimate(
-                shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu, regions
-            )
-        )
-        log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
-    return out
