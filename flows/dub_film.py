@@ -371,13 +371,13 @@ def _summary(
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
     """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
-    from tasks.infinitetalk.multi import switch_load_s
-
     decision = record.get("decision")
     if decision is not None and not decision["dub"]:
         return 0.0
-    regions = ((decision or {}).get("details") or {}).get("regions") or []  # two speakers: the multi DiT load
-    return cost.shot_s(ShotPlan.from_dict(record["plan"])) + switch_load_s(regions, cost.model_load_s)
+    # its dubbed regions (two speakers: the multi DiT load): the planning's record, or a ShotDecision dict
+    decision = decision or {}
+    regions = decision.get("regions") or (decision.get("details") or {}).get("regions") or []
+    return cost.shot_s(ShotPlan.from_dict(record["plan"]), regions)
 
 
 # ---------------------------------------------------------------------------------------- entries

@@ -25,7 +25,8 @@ from tasks.decision.gate import DubRegion
 from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import InfiniteTalkBackend
-from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, switch_load_s, two_speakers
+from tasks.infinitetalk.cost import switch_load_s
+from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, two_speakers
 from tasks.media.intermediates import write_marker
 from tasks.picture.region import RegionPlan, full_frame_box
 from tasks.render.shot import ShotJob, render_shot_result

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.weights import TINY_WEIGHTS_SEED
+from model.weights import TINY_WEIGHTS_SEED, WeightsLayout
 from tasks.files import atomic_path
 from tasks.infinitetalk.tiny import TINY_BANNER
 
@@ -41,19 +41,18 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
     """A tiny random weights root (official layout), written once under `cache_dir` and reused."""
-    from model.weights import WeightsLayout
 
     root = cache_dir / f"tiny-weights-seed{seed}"
     if (root / ".complete").exists() and (root / WeightsLayout().multi).is_file():
         return root
     with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
         if (root / ".complete").exists():
-            from model.tiny import add_tiny_multi
+            from model.tiny import add_tiny_multi  # the tiny networks: only when a tiny root is written
 
             if add_tiny_multi(root, seed):  # a root from before the multi checkpoint joined the layout
                 log.warning("[%s] added the tiny multi checkpoint to %s", TINY_BANNER, root)
             return root
-        from model.tiny import write_tiny_root
+        from model.tiny import write_tiny_root  # the tiny networks: only when a tiny root is written
 
         log.warning("[%s] writing tiny random weights to %s", TINY_BANNER, root)
         with atomic_path(root) as tmp:
@@ -75,7 +74,7 @@ def audio_digest(path: Path, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def weights_identity(path: Path) -> str:
+def path_stamp(path: Path) -> str:
     """Resolved path, size and mtime of a weights file or folder (its files)."""
     if not path.exists():
         return f"{path.resolve()}:absent"

@@ -49,8 +49,8 @@ class ChunkPrice:
         """One line for logs: the formula with its figures and where unmeasured ones came from."""
         line = (
             f"{self.mode} ({self.precision}): {self.steps} steps x {self.branches} branches x "
-            f"{_fig(self.dit_forward_s)} + VAE {_fig(self.vae_chunk_s)} = {self.chunk_s:.1f} s per full chunk, "
-            f"model load {_fig(self.load_s)}"
+            f"{seconds_text(self.dit_forward_s)} + VAE {seconds_text(self.vae_chunk_s)} = {self.chunk_s:.1f} s per full chunk, "
+            f"model load {seconds_text(self.load_s)}"
         )
         if self.fallbacks:
             line += f"; not measured, stand-ins used: {', '.join(self.fallbacks)}"
@@ -59,5 +59,6 @@ class ChunkPrice:
         return line
 
 
-def _fig(x: float | None) -> str:
+def seconds_text(x: float | None) -> str:
+    """A figure for reports: 'unknown' when not measured."""
     return "unknown" if x is None else f"{x:g} s"
