@@ -30,6 +30,9 @@ from typing import Any
 
 log = logging.getLogger("dubflow")
 
+# Each command imports the project modules it needs inside its function (the only function-local imports
+# of flows/): `shots` and `plan` must start without Prefect or torch (tests/test_cli.py checks it).
+
 
 def _add_cast_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -20,6 +20,10 @@ import torch
 from torch import nn
 
 from model.checkpoint import CheckpointError
+from model.cudnn_attention import fp8_supported
+from model.fp8 import convert_to_fp8
+from model.lora import merge_lora
+from model.offload import BlockOffload
 from model.weights import QUANTS, WeightsLayout, layout_for
 
 log = logging.getLogger(__name__)
@@ -96,8 +100,7 @@ class Models:
 
 
 def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
-    from model.dit_loader import load_dit
-    from model.lora import merge_lora
+    from model.dit_loader import load_dit  # the DiT network: imported when a DiT is loaded
 
     wan = root / layout.wan_dir
     device = "cpu" if spec.offload else spec.device  # offload: host first, placed by _offload_dit
@@ -114,7 +117,6 @@ def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
 
 def _offload_dit(dit: nn.Module, device: str) -> None:
     """Host-resident DiT -> everything but the blocks on `device`, the blocks behind a BlockOffload."""
-    from model.offload import BlockOffload
 
     blocks = dit.blocks
     dit.blocks = nn.ModuleList()  # move the rest (embeddings, head, audio projection) without them
@@ -172,15 +174,11 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
             )
         models.dit = _load_dit(root, layout, spec)
         if spec.fp8_compute:
-            from model.fp8 import convert_to_fp8
-
             n = convert_to_fp8(models.dit, device=spec.device)  # quantized on the run device
             log.info("DiT: %d block linears run as fp8 GEMMs", n)
         if spec.offload:
             _offload_dit(models.dit, spec.device)
         if spec.fp8_attention:
-            from model.cudnn_attention import fp8_supported
-
             if not fp8_supported(torch.device(spec.device)):
                 raise ValueError(
                     f"fp8_attention needs a Hopper (sm90+) CUDA device and the nvidia-cudnn-frontend "
@@ -189,7 +187,7 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
             models.dit.attn_backend = "cudnn_fp8"
             log.info("DiT: self-attention runs as cuDNN fp8 attention")
         if spec.compile:
-            from model.compile import compile_blocks
+            from model.compile import compile_blocks  # imports the DiT blocks
 
             compile_blocks(models.dit)
     if "vae" in want:

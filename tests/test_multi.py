@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-import model.dit as dit_module
+import model.dit_blocks as dit_blocks
 from model.loading import LoadSpec, load_models
 from model.tiny import write_tiny_root
 from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
@@ -208,14 +208,14 @@ def _routed_stems(dit, people_order: tuple[int, int]) -> torch.Tensor:
     audio = torch.stack([stems[n] for n in names])  # (2, F_pix, 5, 12, 768), slot s = person s's stem
     g = torch.Generator().manual_seed(1)
     positions: list[torch.Tensor] = []
-    real = dit_module.speaker_positions
+    real = dit_blocks.speaker_positions
 
     def record(*args, **kwargs):
         out = real(*args, **kwargs)
         positions.append(out)
         return out
 
-    dit_module.speaker_positions = record
+    dit_blocks.speaker_positions = record
     try:
         with torch.no_grad():
             dit(
@@ -224,7 +224,7 @@ def _routed_stems(dit, people_order: tuple[int, int]) -> torch.Tensor:
                 torch.randn(1, 20, 3, 4, 8, generator=g), audio, masks,
             )  # fmt: skip
     finally:
-        dit_module.speaker_positions = real
+        dit_blocks.speaker_positions = real
     frame0 = positions[0][0, : 2 * 4]  # (T0,) first block, frame-0 tokens (grid 2 x 4)
     slot = torch.full_like(frame0, -1, dtype=torch.long)
     slot[frame0 <= c.speaker_class_interval] = 0  # speaker 1's RoPE range (its audio keys at its centre)
