@@ -113,7 +113,7 @@ def real_size_models(work: Path, with_t5: bool) -> dict[str, Any]:
     from model.config import dit_preset
     from model.t5 import T5_CONFIGS, T5TextEncoder, build_umt5, load_tokenizer
     from model.tiny import write_tiny_tokenizer
-    from model.vae import VAEConfig
+    from model.vae_net import VAEConfig
     from model.wav2vec import AudioEncoder
 
     out: dict[str, Any] = {"dit": build_random_model(dit_preset("infinitetalk-14b"))}

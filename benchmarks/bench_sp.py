@@ -43,9 +43,11 @@ from model.parallel import RankZeroCodec, SequenceParallel
 from model.sampler import sampler_preset
 from model.shot_worker import free_port
 from model.stream import stream_generate
-from model.vae import VAE_CONFIGS, CausalVAE, WanVAE
+from model.vae import WanVAE
 
 # name -> (latent frames, latent h, latent w); chunk pixels are 8x the latent size
+from model.vae_net import VAE_CONFIGS, CausalVAE
+
 SIZES = {"480p": (21, 60, 104), "720p": (21, 90, 160)}
 TINY_SIZES = {"tiny": (5, 4, 6)}
 

@@ -62,14 +62,15 @@ from bench_vae import random_vae  # noqa: E402
 from model.compile import compile_blocks, compiled_graph_count  # noqa: E402
 from model.conditioning import Conditioning  # noqa: E402
 from model.config import DIT_PRESETS, DiTConfig  # noqa: E402
-from model.dit import InfiniteTalkDiT, sinusoidal_embedding  # noqa: E402
+from model.dit import InfiniteTalkDiT  # noqa: E402
+from model.dit_blocks import sinusoidal_embedding  # noqa: E402
 from model.fp8 import convert_to_fp8, quantize_rows  # noqa: E402
 from model.offload import BlockOffload  # noqa: E402
 from model.prefetch import Prefetcher  # noqa: E402
 from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule  # noqa: E402
 from model.stream import stream_generate  # noqa: E402
 from model.teacache import TeaCache, TeaCacheConfig  # noqa: E402
-from model.vae import VAEConfig  # noqa: E402
+from model.vae_net import VAEConfig  # noqa: E402
 
 GIB = 2**30
 T_START = time.perf_counter()  # the budget counts from process start (imports included)

@@ -77,7 +77,7 @@ def reference_reuse(vae: Any, video: Any, cuda: bool) -> dict[str, Any]:
     `encode_reference` (first call fills the memo, second reuses it): seconds, and bit-identity."""
     import torch
 
-    from model.vae import ZeroTailMemo
+    from model.vae_net import ZeroTailMemo
 
     memo, out = ZeroTailMemo(), {}
     n = video.shape[2]

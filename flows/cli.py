@@ -30,6 +30,9 @@ from typing import Any
 
 log = logging.getLogger("dubflow")
 
+# Each command imports the project modules it needs inside its function (the only function-local imports
+# of flows/): `shots` and `plan` must start without Prefect or torch (tests/test_cli.py checks it).
+
 
 def _add_cast_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -160,36 +163,22 @@ def cmd_shots(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from tasks.media.audio import check_length, decode_audio, slice_bounds
-    from tasks.media.probe import probe
+    import tempfile
+
+    from flows.prepare import LocalSteps, prepare_film
     from tasks.render.preflight import check_config
-    from tasks.timeline.plan import plan_film
-    from tasks.timeline.shots import detect_shots
 
     cfg = _config(args)
     check_config(cfg)
     if args.out:
         return _write_plan_file(args, cfg, _stems(args))
-    info = probe(args.source, frame_count=cfg.probe.frame_count)
-    shots = detect_shots(info, cfg.shots)
-    samples = decode_audio(args.audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
-    decision = check_length(
-        samples.shape[0],
-        cfg.audio.sample_rate,
-        shots.frame_count,
-        shots.fps,
-        cfg.audio.length_policy,
-        path=args.audio,
-    )
-    edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
-    bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, decision.target_samples)
+    with tempfile.TemporaryDirectory(prefix="dubflow-plan-") as scratch:
+        film = prepare_film(args.source, args.audio, cfg, LocalSteps(cfg, Path(scratch)), through="plans")
     out = []
-    for shot, plan, (a, b) in zip(
-        shots.shots, plan_film(shots.shots, shots.fps, cfg.plan), bounds, strict=True
-    ):
-        d = plan.to_dict()
-        d["start_s"], d["end_s"] = shot.to_dict(shots.fps)["start_s"], shot.to_dict(shots.fps)["end_s"]
-        d["audio_samples"] = [a, b]
+    for shot, r in zip(film.shots["shots"], film.records, strict=True):
+        d = dict(r["plan"])
+        d["start_s"], d["end_s"] = shot["start_s"], shot["end_s"]
+        d["audio_samples"] = list(r["audio_range"])
         d["sample_rate"] = cfg.audio.sample_rate
         out.append(d)
     print(json.dumps(out, indent=1))

@@ -8,12 +8,14 @@
       ├─ task "group-001 shots 0005-0009" ─> ...
       └─ wait for every group -> shot table -> assemble (only when every shot is done) -> summary
 
-The flows only orchestrate: the film-level tasks are in `flows/film_tasks.py`, the per-shot task in
+The flows only orchestrate: the film preparation is `flows/prepare.py`'s `prepare_film` (shared with
+`dubflow estimate` and `dubflow plan`; its steps as the film-level tasks of `flows/film_tasks.py`:
+`flows/film_steps.py`), the per-shot task in
 `flows/shot_task.py`, the group runners in `flows/runners.py`, the shot and group tables in
 `flows/report.py`, the workspace and its markers in `flows/workspace.py`, UI artifacts in
 `flows/progress.py`, media work in `tasks/`. This module keeps the two flows (the deployments'
 entrypoints), the `run_group` task that starts a `dub-group` child run, and the film sequence
-(`run_pipeline`). Resume is file based and Prefect based at once: each shot's `done.json` in its result
+(`run_pipeline`: checks, `prepare_film`, `render_groups`, `deliver`). Resume is file based and Prefect based at once: each shot's `done.json` in its result
 folder of the run workspace (`shots/<index>-<shot key>/`, the key made of the shot's own inputs:
 `tasks/timeline/shot_key.py`) and a Prefect cache record keyed by the same workspace + shot + shot key, never by a
 run id. A group whose shots are all done starts no child
@@ -38,6 +40,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -48,37 +51,23 @@ from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.child_runs import ChildNotStarted, await_child
+from flows.film_steps import FlowSteps
 from flows.film_tasks import (
-    apply_plan_file,
     assemble_film,
-    check_final_mix,
-    check_workspace,
-    decide_speakers,
     default_output,
-    dialogue_wav,
     export_timeline,
     film_tag,
-    find_shots,
-    key_shots,
-    load_dialogue,
-    load_stems,
-    open_film_workspace,
-    plan_characters,
-    plan_shots,
-    probe_source,
     workspace_root,
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
-from flows.outputs import check_overwrite, confine_output, output_comment
+from flows.outputs import confine_output, output_comment
+from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
-from flows.report import group_report, publish_groups, reused_shots, shot_records, shot_rows, shot_timings
-from flows.run_lock import hold_lock
+from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot
 from flows.workspace import (
-    MANIFEST,
-    RUN_LOCK,
     Workspace,
     mark_shot_failed,
     read_shot_done,
@@ -87,13 +76,12 @@ from flows.workspace import (
     stable_hash,
 )
 from tasks.config import PipelineConfig, load_config
-from tasks.decision.cast import CastPlan, cast_active, check_cast, plan_names
+from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
-from tasks.media.audio import DialogueTrack
 from tasks.render.backend import BACKENDS
-from tasks.render.preflight import check_config, check_frame_size
+from tasks.render.preflight import check_config
 from tasks.render.shot import PREVIEW_LABEL
 from tasks.timeline.plan import ShotPlan
 
@@ -207,23 +195,6 @@ def _holding_locks(fn: Callable[..., str]) -> Callable[..., str]:
     return wrapper
 
 
-def _lock_workspace(
-    held: contextlib.ExitStack, runner: Any, ws: Workspace, source: str, cfg: PipelineConfig
-) -> Workspace:
-    """Hold `ws`'s run lock until the run ends; reopen the workspace if the run waited for removed it."""
-    lock = hold_lock(
-        ws.path / RUN_LOCK,
-        f"workspace {ws.path}",
-        wait_s=cfg.checks.lock_wait_s,
-        run=str(flow_run.name or ""),
-    )
-    held.enter_context(lock)
-    if not (ws.path / MANIFEST).exists():  # removed by the run we waited for (workspace.keep: false)
-        cfgd = cfg.to_dict()
-        ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root))
-    return ws
-
-
 @_holding_locks
 def run_pipeline(
     source: str,
@@ -241,18 +212,51 @@ def run_pipeline(
     """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file;
     `stems`: {character: dub stem file} (who speaks when; `audio` stays the track that is muxed).
 
-    Everything that would fail late is checked first (config, output path, pixel format, inputs, the
-    workspace's intermediates and free space); from the workspace's opening to the end the run holds
-    its lock (a second run of the same workspace waits, `checks.lock_wait_s`).
+    1. checks: everything that would fail late is checked first (config, output path, cast, backend);
+    2. the film preparation (`flows.prepare.prepare_film` with `FlowSteps`): pixel format, workspace,
+       shots, dialogue, chunk plans, cast, keys, the workspace's intermediates and free space, decisions;
+    3. the shot groups rendered (`render_groups`); 4. the film assembled and reported (`deliver`).
+    From the workspace's opening to the end the run holds its lock (a second run of the same workspace
+    waits, `checks.lock_wait_s`).
     """
     t0 = time.monotonic()
-    logger = run_logger(log)
+    cfg, out, stems = _checked(source, audio, out, mix, config, plan, stems)
+    steps = FlowSteps(runner, cfg, source, out, overwrite, held, mix)
+    needs_gpu = cfg.backend.name != "passthrough"
+    prepared = prepare_film(source, audio, cfg, steps, stems=stems, plan=plan, decide=needs_gpu)
+    assert steps.ws is not None
+    film = {
+        "tag": film_tag(source), "source": source, "video": prepared.video, "dialogue": prepared.track.to_dict(),
+        "config": steps.cfgd, "stems": {character: t["path"] for character, t in prepared.stems.items()},
+    }  # fmt: skip
+    t_prepared = time.monotonic()
+    rendered = render_groups(runner, steps.ws, film, prepared.records, cfg)
+    t_rendered = time.monotonic()
+    audio_path, pad = (mix, steps.mix_action == "pad") if mix else (audio, prepared.track.action == "pad")
+    final = deliver(runner, steps.ws, film, prepared.records, rendered, out, audio_path, pad, cfg)
+    t_end = time.monotonic()
+    timings = {
+        "prepare (probe, shots, audio, plan)": t_prepared - t0,
+        "render (all groups)": t_rendered - t_prepared,
+        "assemble": t_end - t_rendered,
+        "total": t_end - t0,
+        **rendered.per_stage,
+    }
+    _summary(runner, film, prepared.records, rendered, final, timings, cfg)
+    run_logger(log).info("%s -> %s in %.1f s", source, final["output"], t_end - t0)
+    return final["output"]
+
+
+def _checked(
+    source: str, audio: str, out: str | None, mix: str | None, config: dict[str, Any], plan: str | None,
+    stems: dict[str, str] | None,
+) -> tuple[PipelineConfig, str, dict[str, str]]:  # fmt: skip
+    """Before any work: the config (with the plan's character names), the output path, the cast, the backend."""
     cfg = PipelineConfig.from_dict(config)
     # every process of the run (group runs on other hosts too) sees the one resolved workspace root
     cfg = dataclasses.replace(
         cfg, workspace=dataclasses.replace(cfg.workspace, root=str(Path(workspace_root(cfg)).resolve()))
     )
-    cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
     check_config(cfg)
@@ -261,51 +265,32 @@ def run_pipeline(
         cfg = dataclasses.replace(
             cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **plan_names(plan)})
         )
-        cfgd = cfg.to_dict()
     check_cast(cfg, stems)  # stills exist, stems and undub name characters: before any work
     out = str(confine_output(out, source))  # resolved, under an output root, not a foreign file
     if cfg.backend.name not in BACKENDS:
         raise ConfigError(
             "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
         )
-    name, tag = Path(source).name, film_tag(source)
-    video = runner.call(probe_source, source, cfgd, name=name)
-    check_frame_size(source, video["width"], video["height"], cfg.encode.pix_fmt)
-    ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root, name=name))
-    ws = _lock_workspace(held, runner, ws, source, cfg)
-    check_overwrite(out, ws.key, overwrite)
-    shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
-    n, fps = shots["frame_count"], shots["fps"]
-    if n != video["frame_count"]:
-        video = {**video, "frame_count": n}
-    track = DialogueTrack.from_dict(
-        runner.call(load_dialogue, audio, n, fps, cfgd, dialogue_wav(ws, audio), name=Path(audio).name)
-    )
-    mix_action = runner.call(check_final_mix, mix, n, fps, cfgd, name=Path(mix).name) if mix else None
-    stem_tracks = runner.call(load_stems, stems, n, fps, cfgd, ws.as_dict(), name=name) if stems else {}
-    plans = runner.call(plan_shots, shots, cfgd, name=name)
-    records = shot_records(shots, plans, track)
-    if plan:
-        records = runner.call(apply_plan_file, plan, records, cfgd, name=Path(plan).name, video=video)
-    needs_gpu = cfg.backend.name != "passthrough"
-    if needs_gpu and cast_active(cfg, stems):  # characters and who speaks when, before the keys
-        cast = CastPlan(
-            **runner.call(
-                plan_characters, video, records, track.to_dict(), stem_tracks, cfgd, str(ws.path), name=name
-            )
-        )
-        records = [{**r, "overrides": cast.overrides(r["index"], r.get("overrides"))} for r in records]
-    records = runner.call(key_shots, source, records, track.to_dict(), cfgd, name=name, stems=stem_tracks)
-    runner.call(check_workspace, ws.as_dict(), records, video, cfgd, name=name)  # verified + room to write
-    film = {"tag": tag, "source": source, "video": video, "dialogue": track.to_dict(), "config": cfgd,
-            "stems": {character: t["path"] for character, t in stem_tracks.items()}}  # fmt: skip
+    return cfg, out, stems
 
-    if needs_gpu:  # who speaks where, on the CPU here: GPU workers read the cached face analysis
-        decisions = runner.call(
-            decide_speakers, video, records, track.to_dict(), cfgd, str(ws.path), name=name
-        )
-        for r in records:
-            r["decision"] = decisions[r["index"]]
+
+@dataclass
+class Rendered:
+    """What `render_groups` leaves for delivery and the summary."""
+
+    rows: list[dict[str, Any]]  # the shot table's rows after rendering
+    groups: list[Any]  # flows.groups.Group
+    shares: list[float]  # the model-load share per group (plan)
+    reused: set[int]  # shots complete before this run
+    per_stage: dict[str, float]  # summed per-shot stage timings
+
+
+def render_groups(
+    runner: Any, ws: Workspace, film: dict[str, Any], records: list[dict[str, Any]], cfg: PipelineConfig
+) -> Rendered:
+    """Size the shot groups by their GPU price, publish the shot plan, run every group, publish the shot
+    states; ShotsFailed (after every group ran) naming the shots that did not finish."""
+    logger, name, needs_gpu = run_logger(log), Path(film["source"]).name, cfg.backend.name != "passthrough"
     cost = GpuCost.from_config(cfg, needs_gpu=needs_gpu)  # the `dubflow estimate` chunk price
     logger.info("group sizing: %s; load share <= %g", cost.describe(), cost.max_load_share)  # names stand-ins
     n_workers = runner.n_workers()
@@ -321,73 +306,78 @@ def run_pipeline(
         name, len(records), sum(r["chunks"] for r in records), cfg.backend.name, len(groups), n_workers,
         runner.fanout, 100 * min(shares), 100 * max(shares),
     )  # fmt: skip
-    table_key = artifact_key(tag, "shots")
+    table_key = artifact_key(film["tag"], "shots")
     reused = reused_shots(shot_rows(ws, records, cfg.backend.name))
     logger.info("%d of %d shot(s) reused (same shot keys as an earlier run)", len(reused), len(records))
     runner.publish(
         publish_shot_table, table_key, shot_rows(ws, records, cfg.backend.name, reused), "shot plan"
     )
-    t_prepared = time.monotonic()
-
     states = runner.run_groups(ws, film, records, groups)
-    t_rendered = time.monotonic()
     rows = shot_rows(ws, records, cfg.backend.name, reused)
     runner.publish(publish_shot_table, table_key, rows, "shot states")
-    runner.publish(publish_groups, tag, ws, groups, records, states, cost.model_load_s if needs_gpu else 0.0)
+    load_s = cost.model_load_s if needs_gpu else 0.0
+    runner.publish(publish_groups, film["tag"], ws, groups, records, states, load_s)
     failed = [r for r in rows if r["status"] not in ("done", "copied")]
     if failed:
         first = failed[0]["reason"] or (runner.errors[0] if runner.errors else failed[0]["status"])
         raise ShotsFailed(
-            source,
+            film["source"],
             f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; first: {first}; re-run to resume",
         )
+    return Rendered(rows, groups, shares, reused, shot_timings(rows, ws, records))
 
-    audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
+
+def deliver(
+    runner: Any, ws: Workspace, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
+    out: str, audio_path: str, pad: bool, cfg: PipelineConfig,
+) -> dict[str, str]:  # fmt: skip
+    """The film assembled from the verified shot results, its edit-suite timeline, the workspace removed
+    when `workspace.keep` is off: {"output", "timeline"}."""
+    name, cfgd, rows = Path(film["source"]).name, film["config"], rendered.rows
     paths = [r["output"] for r in rows]
     files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
     final = runner.call(
-        assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
+        assemble_film, film["video"], paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
         stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None),
     )  # fmt: skip
-    timeline = runner.call(export_timeline, final, source, video, records, rows, audio_path, cfgd, name=name)
-    per_stage = shot_timings(rows, ws, records)
+    args = (final, film["source"], film["video"], records, rows, audio_path, cfgd)
+    timeline = runner.call(export_timeline, *args, name=name)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
-    t_end = time.monotonic()
-    timings = {
-        "prepare (probe, shots, audio, plan)": t_prepared - t0,
-        "render (all groups)": t_rendered - t_prepared,
-        "assemble": t_end - t_rendered,
-        "total": t_end - t0,
-        **per_stage,
-    }
+    return {"output": final, "timeline": timeline}
+
+
+def _summary(
+    runner: Any, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
+    final: dict[str, str], timings: dict[str, float], cfg: PipelineConfig,
+) -> None:  # fmt: skip
+    """The run's summary artifact: timings and what was (not) dubbed."""
+    shares, preview = rendered.shares, cfg.workspace.preview
     notes = [
-        f"{len(records)} shots in {len(groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
-        f"{len(reused)} shot(s) reused from earlier runs, {len(records) - len(reused)} rendered",
-        f"edit-suite timeline: {timeline}",
+        f"{len(records)} shots in {len(rendered.groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
+        f"{len(rendered.reused)} shot(s) reused from earlier runs, {len(records) - len(rendered.reused)} rendered",
+        f"edit-suite timeline: {final['timeline']}",
         f"model-load share per group (plan): {100 * min(shares):.1f}-{100 * max(shares):.1f} %",
     ]
-    if not needs_gpu:
+    if cfg.backend.name == "passthrough":
         notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
-    if cfg.workspace.preview:
+    if preview:
         notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
     runner.publish(
-        publish_summary, artifact_key(tag, "summary"), title=f"{name} dubbed{' (PREVIEW)' if cfg.workspace.preview else ''}", output=final,
-        timings=timings, notes=notes,
+        publish_summary, artifact_key(film["tag"], "summary"), output=final["output"], timings=timings,
+        title=f"{Path(film['source']).name} dubbed{' (PREVIEW)' if preview else ''}", notes=notes,
     )  # fmt: skip
-    logger.info("%s -> %s in %.1f s", source, final, t_end - t0)
-    return final
 
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:
     """A shot's GPU seconds for group sizing: 0 when planning already knows it is passed through."""
-    from tasks.infinitetalk.multi import switch_load_s
-
     decision = record.get("decision")
     if decision is not None and not decision["dub"]:
         return 0.0
-    regions = ((decision or {}).get("details") or {}).get("regions") or []  # two speakers: the multi DiT load
-    return cost.shot_s(ShotPlan.from_dict(record["plan"])) + switch_load_s(regions, cost.model_load_s)
+    # its dubbed regions (two speakers: the multi DiT load): the planning's record, or a ShotDecision dict
+    decision = decision or {}
+    regions = decision.get("regions") or (decision.get("details") or {}).get("regions") or []
+    return cost.shot_s(ShotPlan.from_dict(record["plan"]), regions)
 
 
 # ---------------------------------------------------------------------------------------- entries

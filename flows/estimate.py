@@ -8,27 +8,32 @@ then prices the dubbed shots' chunks with the benchmark figures of the config's 
 
 `scale` is the chunk's latent frames over a full chunk's (a short last chunk costs less; attention makes
 the real saving a little larger). A shot with a two-speaker segment adds one `load_s` (the multi DiT is
-loaded in its place, `tasks.infinitetalk.multi`; its second audio stream is ~free). Figures that are not measured yet (null) are reported as missing and
-the total is then a lower bound. TeaCache savings are not modelled (the estimate is an upper bound then).
+loaded in its place, `tasks.infinitetalk.multi`; its second audio stream is ~free). Figures that are
+not measured yet (null) are reported as missing and the total is then a lower bound. TeaCache savings are not modelled (the estimate is an upper bound then).
 Per-chunk CPU work (frame decode, colour, composite, FFV1 encode: ~3.5 s per 480P chunk in
 benchmarks/bench_shot.py) is not counted either.
 
-`chunk_price` is the one pricing rule: the film run sizes its shot groups (`flows.groups.GpuCost`) with
-the same function, filling unmeasured figures with the `cost.fallback_*` stand-ins.
+The price is the backend's (`tasks.render.backend.backend_price` / `backend_shot_price`; InfiniteTalk's:
+`tasks.infinitetalk.cost`), the one pricing rule: the film run sizes its shot groups (`flows.groups.GpuCost`)
+with the same hooks, filling unmeasured figures with the `cost.fallback_*` stand-ins.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.config import PipelineConfig
+from flows.prepare import LocalSteps, prepare_film
+from tasks.config import PipelineConfig, load_config
+from tasks.decision.cast import check_cast
 from tasks.errors import ConfigError
+from tasks.media.probe import VideoInfo
+from tasks.render.backend import backend_price, backend_shot_price
+from tasks.render.cost import ChunkPrice, seconds_text
 from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -110,8 +115,8 @@ class FilmEstimate:
             f"dubbed: {len(dubbed)} shots ({sum(s.end_frame - s.start_frame for s in dubbed)} frames, {chunks} chunks); "
             f"passthrough: {len(self.shots) - len(dubbed)} shots",
             f"expected GPU time: {'at least ' if self.missing else ''}{_hms(self.total_s)} "
-            f"(model load {_fig(self.load_s)}, DiT forward {_fig(self.dit_forward_s)}, VAE per chunk "
-            f"{_fig(self.vae_chunk_s)})",
+            f"(model load {seconds_text(self.load_s)}, DiT forward {seconds_text(self.dit_forward_s)}, VAE per chunk "
+            f"{seconds_text(self.vae_chunk_s)})",
         ]
         if self.missing:
             lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
@@ -120,127 +125,11 @@ class FilmEstimate:
         return "\n".join(lines)
 
 
-def _fig(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:g} s"
-
-
 def _hms(seconds: float) -> str:
     s = round(seconds)
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)
     return f"{h}:{m:02d}:{s:02d}"
-
-
-def latent_frames(frames: int) -> int:
-    """Latent frames of a 4n+1-frame chunk."""
-    return 1 + (frames - 1) // 4
-
-
-def shot_gpu_s(plan: ShotPlan, per_full_chunk_s: float) -> float:
-    """GPU seconds of a shot's chunks, each scaled by its latent frames over a full chunk's."""
-    full = latent_frames(plan.frame_num)
-    return sum(per_full_chunk_s * latent_frames(c.num_frames) / full for c in plan.chunks)
-
-
-@dataclass(frozen=True)
-class ChunkPrice:
-    """GPU seconds of one full chunk under a config's InfiniteTalk settings, and the figures behind it.
-
-    `missing` names the `estimate:` figures that are null for this mode/precision; `fallbacks` names the
-    ones replaced by a `cost.fallback_*` stand-in (only when asked for: group sizing), the others count 0.
-    """
-
-    mode: str
-    precision: str  # key of estimate.dit_forward_s.<mode>: dtype or quant, "fp8" for fp8 GEMMs, +fp8attn
-    steps: int  # denoising steps run per chunk (after denoise_strength)
-    branches: int  # guidance branches = DiT forwards per step
-    dit_forward_s: float | None
-    vae_chunk_s: float | None
-    load_s: float | None  # one process's start-up: imports + loading every component
-    missing: tuple[str, ...] = ()
-    fallbacks: tuple[str, ...] = ()
-
-    @property
-    def chunk_s(self) -> float:
-        """steps x branches x dit_forward_s + vae_chunk_s (unknown figures count 0)."""
-        return self.steps * self.branches * (self.dit_forward_s or 0.0) + (self.vae_chunk_s or 0.0)
-
-    def describe(self) -> str:
-        """One line for logs: the formula with its figures and where unmeasured ones came from."""
-        line = (
-            f"{self.mode} ({self.precision}): {self.steps} steps x {self.branches} branches x "
-            f"{_fig(self.dit_forward_s)} + VAE {_fig(self.vae_chunk_s)} = {self.chunk_s:.1f} s per full chunk, "
-            f"model load {_fig(self.load_s)}"
-        )
-        if self.fallbacks:
-            line += f"; not measured, stand-ins used: {', '.join(self.fallbacks)}"
-        elif self.missing:
-            line += f"; not measured (counted 0): {', '.join(self.missing)}"
-        return line
-
-
-def chunk_price(cfg: PipelineConfig, *, fallbacks: bool = False) -> ChunkPrice:
-    """The price of one full chunk from `cfg`'s `infinitetalk:` settings (with `backend.options`) and
-    `estimate:` figures: the one pricing rule of `dubflow estimate` and of shot-group sizing.
-
-    `fallbacks=True` replaces each null figure with its `cost.fallback_*` stand-in (group sizing must
-    size groups even in tiny mode or at an unmeasured precision); pure, no I/O.
-    """
-    from model.guidance import guidance_branches
-    from model.sampler import sampler_preset
-    from tasks.infinitetalk import resolve_options
-
-    overrides = cfg.backend.options if cfg.backend.name == "infinitetalk" else {}
-    opts = resolve_options(cfg, overrides, need_weights=False)
-    preset = sampler_preset(opts.mode)
-    steps = opts.steps if opts.steps is not None else preset.sampling_steps
-    run = dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength)
-    branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
-    if opts.mode == "tiny":
-        precision = "float32"  # tiny mode always runs float32
-    else:
-        # fp8 `auto` (the fast preset) is priced as on: the figures are an H200's, which has fp8
-        precision = "fp8" if opts.fp8_compute else (opts.quant if opts.quant != "none" else opts.dtype)
-        precision += "+fp8attn" if opts.fp8_attention else ""
-    mode, est = opts.mode, cfg.estimate
-    vae_key = mode if mode == "tiny" or opts.vae_dtype == "float32" else f"{mode}+{opts.vae_dtype}"
-    wanted = (  # (the figure's key under estimate:, its value, the cost: key of its stand-in)
-        (f"dit_forward_s.{mode}.{precision}", _lookup(est.dit_forward_s.get(mode), precision), "fallback_dit_forward_s"),
-        (f"vae_chunk_s.{vae_key}", _lookup(est.vae_chunk_s, vae_key), "fallback_vae_chunk_s"),
-        (f"load_s.{mode}", _lookup(est.load_s, mode), "fallback_load_s"),
-    )  # fmt: skip
-    values: list[float | None] = []
-    missing: list[str] = []
-    used: list[str] = []
-    for name, value, stand_in in wanted:
-        if value is not None:
-            value = _check(value, "estimate", name)
-        else:
-            missing.append(name)
-            if fallbacks:
-                value = _check(getattr(cfg.cost, stand_in), "cost", stand_in)
-                used.append(f"{name} -> cost.{stand_in}={value:g}")
-        values.append(value)
-    fwd, vae, load = values
-    return ChunkPrice(
-        mode=mode, precision=precision, steps=steps - run.start_step, branches=branches, dit_forward_s=fwd,
-        vae_chunk_s=vae, load_s=load, missing=tuple(missing), fallbacks=tuple(used),
-    )  # fmt: skip
-
-
-def _lookup(table: Any, key: str) -> Any:
-    """`table[key]` of an `estimate:` figure table (None when absent or null)."""
-    return table.get(key) if isinstance(table, dict) else None
-
-
-def _check(value: Any, section: str, key: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise ConfigError(section, f"{key}: expected a finite number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 def estimate_film(
@@ -252,91 +141,54 @@ def estimate_film(
     work_dir: str | Path | None = None,
 ) -> FilmEstimate:
     """Shots, gate decisions, chunks and expected GPU seconds of dubbing `source` with `audio` (and the
-    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.decision.cast`).  When
-    characters are linked, the face analyses and embeddings are kept under ``work_dir`` (default: a
-    temporary folder), where a later estimate finds them."""
-    from tasks.decision.cast import cast_active, check_cast
-    from tasks.media.audio import check_length, conform, decode_audio, slice_bounds
-    from tasks.media.probe import probe
-    from tasks.timeline.plan import plan_film
-    from tasks.timeline.shots import detect_shots
-
-    price = chunk_price(cfg)  # the one pricing rule, shared with shot-group sizing (checks the options first)
+    per-character dub ``stems`` {NAME: file}: characters and who speaks when, `tasks.decision.cast`): the
+    film preparation (`flows.prepare.prepare_film`) as plain calls, then the price of each dubbed shot.
+    The face analyses and embeddings are kept under ``work_dir`` (default: a temporary folder), where a
+    later estimate finds them."""
+    # the one pricing rule, shared with shot-group sizing (checks the options first)
+    price, priced = _price(cfg)
     check_cast(cfg, stems)  # stills exist, stems name characters: before any decoding
-    info = probe(source, frame_count=cfg.probe.frame_count)
-    shots = detect_shots(info, cfg.shots)
-    plans = plan_film(shots.shots, shots.fps, cfg.plan)
-    samples = decode_audio(audio, sample_rate=cfg.audio.sample_rate, channels=cfg.audio.channels)
-    decision = check_length(
-        samples.shape[0], cfg.audio.sample_rate, shots.frame_count, shots.fps, cfg.audio.length_policy,
-        path=audio,
-    )  # fmt: skip
-    samples = conform(samples, decision)
-    mono = _stems(stems, shots.frame_count, shots.fps, cfg)  # checked before the face analysis
-    edges = [s.start_frame for s in shots.shots] + [shots.frame_count]
-    bounds = slice_bounds(edges, shots.fps, cfg.audio.sample_rate, samples.shape[0])
-
     with tempfile.TemporaryDirectory(prefix="dubflow-estimate-") as scratch:
-        tmp = str(work_dir or scratch)
-        spans = [(s.index, s.start_frame, s.end_frame, ab) for s, ab in zip(shots.shots, bounds, strict=True)]
-        cast = _cast(info, spans, samples, mono, cfg, tmp) if cast_active(cfg, stems) else None
-        out = _decide(info, shots.shots, plans, bounds, samples, cfg, price, cast, tmp)
-    width, height = info.display_size
+        steps = LocalSteps(cfg, Path(scratch), Path(work_dir) if work_dir else None)
+        film = prepare_film(str(source), str(audio), cfg, steps, stems=stems)
+    out = []
+    for r in film.records:
+        plan, d = ShotPlan.from_dict(r["plan"]), r["decision"]
+        regions = tuple(d["regions"])
+        gpu = backend_shot_price(priced, price, plan, regions) if d["dub"] else 0.0
+        out.append(
+            ShotEstimate(
+                r["index"],
+                plan.start_frame,
+                plan.end_frame,
+                d["dub"],
+                d["reason"],
+                len(plan.chunks),
+                gpu,
+                regions,
+            )
+        )
+    width, height = VideoInfo.from_dict(film.video).display_size
     return FilmEstimate(
-        source=str(source), frames=shots.frame_count, fps=str(shots.fps), display_width=width,
+        source=str(source), frames=film.shots["frame_count"], fps=str(film.shots["fps"]), display_width=width,
         display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
         branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
         load_s=price.load_s, shots=tuple(out), missing=price.missing,
-        characters=cast.characters if cast is not None else (),
+        characters=film.cast.characters if film.cast is not None else (),
     )  # fmt: skip
 
 
-def _stems(stems: dict[str, str] | None, frame_count: int, fps: Any, cfg: PipelineConfig) -> dict[str, Any]:
-    """{NAME: mono samples} of the stems, each checked like the dialogue track."""
-    from tasks.decision.cast import load_stem
-
-    return {n: load_stem(p, frame_count, fps, cfg) for n, p in (stems or {}).items()}
-
-
-def _cast(info: Any, spans: list, samples: Any, mono: dict[str, Any], cfg: PipelineConfig, tmp: str):
-    """The film's characters and per-shot `cast.shot`."""
-    from tasks.decision.cast import film_cast
-
-    mix = samples.mean(axis=1)
-    return film_cast(info, spans, lambda a, b: mix[a:b], cfg.audio.sample_rate, mono, lambda _i: cfg, tmp)
-
-
-def _decide(info, shots, plans, bounds, samples, cfg, price, cast, tmp) -> list[ShotEstimate]:
-    """Each shot's gate decision and GPU seconds (its `cast.shot` applied when characters are linked)."""
-    from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
-    from tasks.infinitetalk.multi import switch_load_s
-    from tasks.timeline.shot_key import shot_config
-
-    out = []
-    for shot, plan, (a, b) in zip(shots, plans, bounds, strict=True):
-        cfg_i, cache = cfg, None
-        if cast is not None:
-            cfg_i = PipelineConfig.from_dict(shot_config(cfg.to_dict(), cast.overrides(shot.index)))
-            cache = faces_path(tmp, shot.index, shot.start_frame, shot.end_frame, cfg_i)
-        d = decide_shot(
-            shot.index,
-            shot.start_frame,
-            shot.end_frame,
-            info,
-            samples[a:b],
-            cfg.audio.sample_rate,
-            cfg_i,
-            cache,
+def _price(cfg: PipelineConfig) -> tuple[ChunkPrice, str]:
+    """The chunk price of `cfg`'s backend and that backend's name. A backend that prices no GPU work (the
+    passthrough dry run) is priced as the default config's backend with no options of its own: what a real
+    run of the same settings would cost."""
+    price = backend_price(cfg)
+    if price is not None:
+        return price, cfg.backend.name
+    dubbing = dataclasses.replace(cfg.backend, name=load_config().backend.name, options={})
+    price = backend_price(dataclasses.replace(cfg, backend=dubbing))
+    if price is None:
+        raise ConfigError(
+            "backend.name", f"neither {cfg.backend.name!r} nor {dubbing.name!r} prices GPU work"
         )
-        gpu = shot_gpu_s(plan, price.chunk_s) if d.dub else 0.0
-        gpu += (
-            switch_load_s([r.to_dict() for r in d.regions], price.load_s or 0.0) if d.dub else 0.0
-        )  # multi DiT
-        regions = tuple(regions_json(d, shot.start_frame))
-        out.append(
-            ShotEstimate(
-                shot.index, shot.start_frame, shot.end_frame, d.dub, d.reason, len(plan.chunks), gpu, regions
-            )
-        )
-        log.debug("shot %04d: %s (%s)", shot.index, "dub" if d.dub else "pass", d.reason)
-    return out
+    return price, dubbing.name

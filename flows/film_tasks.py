@@ -30,7 +30,7 @@ from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_s
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.perception.face_analysis import ShotFaces
-from tasks.render.backend import check_backend_options
+from tasks.render.backend import backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 from tasks.timeline.plan import plan_film
@@ -236,6 +236,7 @@ def key_shots(
             config=shot_config(config, record.get("overrides")),
             context_s=cfg.workspace.audio_context_s,
             stems=stem_tracks,
+            weights_identity=backend_weights_identity,
         )
         out.append({**record, "key": inputs.key()})
     return out

@@ -15,7 +15,7 @@ bound cannot hold with that many groups, it gives exactly that many groups, bala
 group is as short as possible (the film's wall time is bounded by its longest group).
 
 A shot's estimate and the load come from ``GpuCost``: the same chunk price as ``dubflow estimate``
-(``flows.estimate.chunk_price``: the run's steps, guidance branches and precision against the config's
+(the backend's ``price`` hook, ``tasks.render.backend.backend_price``: the run's steps, guidance branches and precision against the config's
 ``estimate:`` figures), with the ``cost.fallback_*`` stand-ins where a figure is not measured.
 
 Every group is charged one model load, even one made only of pass-through shots (cost ~0); this is
@@ -26,11 +26,13 @@ Pure module: no Prefect, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from flows.estimate import ChunkPrice, chunk_price, shot_gpu_s
 from tasks.config import PipelineConfig
+from tasks.render.backend import backend_price, backend_shot_price
+from tasks.render.cost import ChunkPrice
 from tasks.timeline.plan import ShotPlan
 
 # Relative slack when comparing float sums, so that a group whose work equals the needed work up to
@@ -80,7 +82,7 @@ class Group:
 class GpuCost:
     """The GPU-time model sizing groups: one full chunk's price and the model load every group pays.
 
-    The price is `flows.estimate.chunk_price` of the run's config, the same rule as `dubflow estimate`,
+    The price is the backend's (`tasks.render.backend.backend_price`) of the run's config, the same rule as `dubflow estimate`,
     with the `cost.fallback_*` stand-ins for unmeasured figures; ``price`` is None when the backend needs
     no GPU (pass-through: shots cost 0, a group still pays a process start, so groups = one per worker).
     """
@@ -88,19 +90,21 @@ class GpuCost:
     price: ChunkPrice | None
     model_load_s: float
     max_load_share: float
+    backend: str = ""  # whose `shot_price` hook prices a shot
 
     @classmethod
     def from_config(cls, cfg: PipelineConfig, *, needs_gpu: bool = True) -> GpuCost:
         """From a loaded config; ``needs_gpu=False`` (pass-through) skips the InfiniteTalk settings."""
-        if not needs_gpu:
-            return cls(None, cfg.cost.fallback_load_s, cfg.cost.max_load_share)
-        price = chunk_price(cfg, fallbacks=True)
+        price = backend_price(cfg, fallbacks=True) if needs_gpu else None
+        if price is None:
+            return cls(None, cfg.cost.fallback_load_s, cfg.cost.max_load_share, cfg.backend.name)
         assert price.load_s is not None  # filled by a fallback when unmeasured
-        return cls(price, price.load_s, cfg.cost.max_load_share)
+        return cls(price, price.load_s, cfg.cost.max_load_share, cfg.backend.name)
 
-    def shot_s(self, plan: ShotPlan) -> float:
-        """Estimated GPU seconds of a shot's chunks (each scaled by its latent frames; 0 without GPU)."""
-        return 0.0 if self.price is None else shot_gpu_s(plan, self.price.chunk_s)
+    def shot_s(self, plan: ShotPlan, regions: Sequence[Mapping[str, Any]] = ()) -> float:
+        """Estimated GPU seconds of a dubbed shot (its chunks scaled by their latent frames, and what its
+        dubbed `regions` add, e.g. two speakers' model switch; 0 without GPU)."""
+        return 0.0 if self.price is None else backend_shot_price(self.backend, self.price, plan, regions)
 
     def describe(self) -> str:
         """One line for the film run's log: the figures used and which were stand-ins."""

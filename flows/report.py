@@ -9,34 +9,11 @@ markers live in `flows/shot_task.py`, `flows/runners.py` and `flows/dub_film.py`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import Any
 
 from flows.groups import Group
 from flows.progress import artifact_key
 from flows.workspace import Workspace, read_shot_done, read_shot_failed
-from tasks.media.audio import DialogueTrack, slice_bounds
-
-
-def shot_records(
-    shots: dict[str, Any], plans: list[dict[str, Any]], track: DialogueTrack
-) -> list[dict[str, Any]]:
-    """Small serialisable per-shot records: span, plan, audio samples (`key_shots` adds the result key)."""
-    edges = [s["start_frame"] for s in shots["shots"]] + [shots["frame_count"]]
-    bounds = slice_bounds(edges, Fraction(shots["fps"]), track.sample_rate, track.n_samples)
-    records = []
-    for s, plan, (a, b) in zip(shots["shots"], plans, bounds, strict=True):
-        record = {
-            "index": s["index"],
-            "start_s": s["start_s"],
-            "end_s": s["end_s"],
-            "frames": s["end_frame"] - s["start_frame"],
-            "chunks": len(plan["chunks"]),
-            "plan": plan,
-            "audio_range": [a, b],
-        }
-        records.append(record)
-    return records
 
 
 def shot_rows(

@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from model.dit import DiTBlock
+from model.dit_blocks import DiTBlock
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,10 @@ import torch
 from torch import nn
 
 from model.checkpoint import CheckpointError
+from model.cudnn_attention import fp8_supported
+from model.fp8 import convert_to_fp8, fp8_options
+from model.lora import merge_lora
+from model.offload import BlockOffload
 from model.weights import QUANTS, WeightsLayout, is_gguf, layout_for
 
 log = logging.getLogger(__name__)
@@ -97,8 +101,7 @@ class Models:
 
 
 def _load_dit(root: Path, layout: WeightsLayout, spec: LoadSpec) -> nn.Module:
-    from model.dit_loader import load_dit
-    from model.lora import merge_lora
+    from model.dit_loader import load_dit  # the DiT network: imported when a DiT is loaded
 
     wan = root / layout.wan_dir
     # host first when offloaded or converted to fp8 (then placed by `_place_dit`), so the
@@ -125,8 +128,6 @@ def _place_dit(dit: nn.Module, spec: LoadSpec) -> None:
     with offload, block by block as each block goes to pinned host memory (`BlockOffload`'s `prepare`),
     everything but the blocks on the device. Peak device memory: the converted weights (resident) or
     one block's float weights + the slots (offload), never the whole float DiT."""
-    from model.fp8 import convert_to_fp8, fp8_options
-    from model.offload import BlockOffload
 
     device = spec.device
     options = fp8_options(device) if spec.fp8_compute else None
@@ -201,8 +202,6 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
         if spec.offload or spec.fp8_compute:
             _place_dit(models.dit, spec)
         if spec.fp8_attention:
-            from model.cudnn_attention import fp8_supported
-
             if not fp8_supported(torch.device(spec.device)):
                 raise ValueError(
                     f"fp8_attention needs a Hopper (sm90+) CUDA device and the nvidia-cudnn-frontend "
@@ -211,7 +210,7 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
             models.dit.attn_backend = "cudnn_fp8"
             log.info("DiT: self-attention runs as cuDNN fp8 attention")
         if spec.compile:
-            from model.compile import compile_blocks
+            from model.compile import compile_blocks  # imports the DiT blocks
 
             compile_blocks(models.dit)
     if "vae" in want:

@@ -15,9 +15,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from model.config import DiTConfig
-from model.dit import InfiniteTalkDiT, LayerNorm32, RMSNorm
-from model.weights import DIT_STEM
+from model.config import DIT_PRESETS, DiTConfig
+from model.dit import InfiniteTalkDiT
+from model.dit_blocks import LayerNorm32, RMSNorm
+from model.dit_loader import load_dit
+from model.vae_net import CausalVAE, VAEConfig
+from model.weights import DIT_STEM, WeightsLayout
 
 # The real Wan2.1-I2V-14B config.json has `_class_name`, `_diffusers_version` and these keys; other WanModel kwargs are written only when
 # they differ from the WanModel defaults (as the tiny parity config does).
@@ -132,7 +135,6 @@ def _normal(gen: torch.Generator, shape: tuple[int, ...], std: float, mean: floa
 
 def write_tiny_vae(path: Path | str, seed: int, dim: int = 8, z_dim: int = 16) -> dict[str, torch.Tensor]:
     """Random Wan VAE saved like `Wan2.1_VAE.pth`: conv kernels N(0, 1/fan_in), gains 1 + N(0, 0.05^2)."""
-    from model.vae import CausalVAE, VAEConfig
 
     with torch.device("meta"):
         model = CausalVAE(VAEConfig(dim=dim, z_dim=z_dim))
@@ -341,8 +343,6 @@ def write_tiny_quant(
     (`<out>.safetensors` + `<out>.json` quantization map)."""
     from optimum.quanto import freeze, qfloat8, qint8, quantization_map, quantize
 
-    from model.dit_loader import load_dit
-
     model = load_dit(wan_dir, infinitetalk_file, dtype=torch.float32)
     quantize(model, weights={"fp8": qfloat8, "int8": qint8}[quant])
     freeze(model)
@@ -366,8 +366,6 @@ def write_tiny_multi(infinitetalk_file: Path | str, config: DiTConfig, seed: int
 def add_tiny_multi(root: Path | str, seed: int = 0) -> bool:
     """Give a tiny root written before the multi checkpoint joined the layout its multi file (the one
     `write_tiny_root` writes, written to a temporary name and moved into place); False if it had one."""
-    from model.config import DIT_PRESETS  # as write_tiny_root does
-    from model.weights import WeightsLayout
 
     target = Path(root) / WeightsLayout().multi
     if target.is_file():
@@ -385,8 +383,6 @@ def write_tiny_root(
     `load_models` reads exactly like the real one: tiny DiT (3 shards + index + InfiniteTalk file),
     the multi InfiniteTalk file (unless `multi=False`; seeded apart from single), VAE, umT5 + tokenizer,
     CLIP (vision + text tower), wav2vec2 folder, optional quantized DiTs."""
-    from model.config import DIT_PRESETS
-    from model.weights import WeightsLayout
 
     root = Path(root)
     layout = WeightsLayout()

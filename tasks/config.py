@@ -102,7 +102,7 @@ class ChecksConfig:
 @dataclass(frozen=True)
 class CostConfig:
     """Shot-group sizing (`flows.groups.GpuCost`): chunks are priced like `dubflow estimate`
-    (`flows.estimate.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
+    (`tasks.infinitetalk.cost.chunk_price`); the `fallback_*` stand-ins replace `estimate:` figures that are null."""
 
     max_load_share: float  # a group's model load is at most this share of its GPU time
     fallback_dit_forward_s: float

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -27,35 +28,65 @@ class WorkspaceError(RuntimeError):
 # ------------------------------------------------------------------------------ atomic writes
 
 
+class AtomicFile:
+    """A temporary path next to ``final`` that becomes ``final`` on `commit` or vanishes on `discard`.
+
+    The one atomic-write mechanism of the project (model/ keeps its own, it imports nothing from here).
+    `commit` fsyncs the written file (or every file of a written folder), renames it over ``final``
+    (``os.replace``: readers see the old content or the whole new one) and fsyncs the folder, so a
+    completed write also survives a power loss. Nothing is created at ``tmp``: the writer (Python, ffmpeg,
+    an OTIO adapter) creates it, with the mode the umask gives. The name ``.<stem>.<pid>-<rand>.tmp<suffix>``
+    keeps the suffix tools pick a format from, and `tasks.media.intermediates.clean_temps` finds it.
+    For a ``with`` block use `atomic_path`; streaming writers hold an `AtomicFile` across calls.
+    """
+
+    def __init__(self, final: str | os.PathLike[str]) -> None:
+        self.final = Path(final)
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        name = f".{self.final.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{self.final.suffix}"
+        self.tmp = self.final.with_name(name)
+
+    def commit(self) -> Path:
+        """fsync what was written at ``tmp``, move it to ``final``, fsync the folder; ``final``."""
+        try:
+            if self.tmp.is_dir():
+                for p in sorted(self.tmp.rglob("*"), reverse=True):  # files, then their folders
+                    if p.is_dir():
+                        _fsync_dir(p)
+                    else:
+                        _fsync_file(p)
+                _fsync_dir(self.tmp)
+            elif self.tmp.is_file():
+                _fsync_file(self.tmp)
+            os.replace(self.tmp, self.final)
+        except BaseException:
+            self.discard()
+            raise
+        _fsync_dir(self.final.parent)
+        return self.final
+
+    def discard(self) -> None:
+        """Remove what was written at ``tmp`` (a file or a folder); ``final`` is left untouched."""
+        if self.tmp.is_dir() and not self.tmp.is_symlink():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``final`` (same suffix); on success ``os.replace`` it into place.
+    """Yield a temporary path next to ``final`` (same suffix); on success it becomes ``final`` (`AtomicFile`).
 
-    On an exception the temporary file is removed and ``final`` is left untouched. The temporary name
-    keeps the final suffix so tools that pick a format from it (ffmpeg) behave the same.
+    On an exception the temporary file is removed and ``final`` is left untouched.
     """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{final.suffix}")
+    target = AtomicFile(final)
     try:
-        yield tmp
-        if tmp.is_file():
-            _fsync_file(tmp)
-        os.replace(tmp, final)
+        yield target.tmp
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        target.discard()
         raise
-    _fsync_dir(final.parent)
-
-
-def atomic_temp(final: str | Path) -> Path:
-    """A fresh temp path next to `final` (same directory => os.replace is atomic), same suffix."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".tmp{final.suffix}", dir=final.parent)
-    os.close(fd)
-    return Path(tmp)
+    target.commit()
 
 
 def atomic_write_bytes(final: str | os.PathLike[str], data: bytes) -> Path:
@@ -118,6 +149,7 @@ def publish_once(final: Path, data: bytes) -> None:
             os.link(tmp, final)
     finally:
         os.unlink(tmp)
+    _fsync_dir(final.parent)
 
 
 def _fsync_file(path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.dit as dit_module
+import model.dit_blocks as dit_blocks
 from model.attention import attention, attention_backends
 from model.config import DIT_PRESETS, ConfigError, DiTConfig, dit_preset
 from model.dit import InfiniteTalkDiT
@@ -86,13 +86,13 @@ def test_batch_equals_per_sample(model):
 
 def test_single_speaker_does_not_compute_reference_map(model, monkeypatch):
     calls = []
-    real = dit_module.reference_attention_map
+    real = dit_blocks.reference_attention_map
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dit_module, "reference_attention_map", counting)
+    monkeypatch.setattr(dit_blocks, "reference_attention_map", counting)
     run(model, make_inputs(batch=1, speakers=1))
     assert calls == []
     run(model, make_inputs(batch=1, speakers=2))
@@ -159,7 +159,7 @@ def test_teacache_state_is_per_branch(model):
     steps = 8
     with torch.no_grad():
         ts = torch.linspace(1000, 100, steps)
-        e = model.time_embedding(dit_module.sinusoidal_embedding(ts, CFG.freq_dim))  # (steps, dim)
+        e = model.time_embedding(dit_blocks.sinusoidal_embedding(ts, CFG.freq_dim))  # (steps, dim)
         e0 = model.time_projection(e).unflatten(1, (6, CFG.dim))  # (steps, 6, dim)
 
     def decisions(branches, config=TeaCacheConfig(threshold=0.5)):

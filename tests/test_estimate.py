@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.estimate import chunk_price, estimate_film, latent_frames, shot_gpu_s
+from flows.estimate import estimate_film
 from flows.groups import GpuCost
 from tasks.config import REMOVED_KEYS, PipelineConfig, PlanConfig, load_config
 from tasks.errors import ConfigError
+from tasks.infinitetalk.cost import chunk_price
+from tasks.render.cost import latent_frames, shot_gpu_s
 from tasks.timeline.plan import ShotPlan, plan_shot
 from tasks.timeline.shots import Shot
 

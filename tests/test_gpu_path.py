@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.vae import VAE_CONFIGS, CausalVAE, WanVAE, ZeroTailMemo
+from model.vae import WanVAE
+from model.vae_net import VAE_CONFIGS, CausalVAE, ZeroTailMemo
 from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels
 from tasks.infinitetalk.session import sampler_settings
 from tasks.infinitetalk.tiny import tiny_hw

@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-import model.dit as dit_module
+import model.dit_blocks as dit_blocks
 from model.loading import LoadSpec, load_models
 from model.tiny import write_tiny_root
 from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
@@ -24,7 +24,8 @@ from tasks.config import load_config
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import InfiniteTalkBackend
-from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, switch_load_s, two_speakers
+from tasks.infinitetalk.cost import switch_load_s
+from tasks.infinitetalk.multi import MISSING, TwoSpeakers, resolve_two_speakers, two_speakers
 from tasks.media.intermediates import write_marker
 from tasks.picture.region import RegionPlan, full_frame_box
 from tasks.render.shot import ShotJob, render_shot_result
@@ -206,14 +207,14 @@ def _routed_stems(dit, people_order: tuple[int, int]) -> torch.Tensor:
     audio = torch.stack([stems[n] for n in names])  # (2, F_pix, 5, 12, 768), slot s = person s's stem
     g = torch.Generator().manual_seed(1)
     positions: list[torch.Tensor] = []
-    real = dit_module.speaker_positions
+    real = dit_blocks.speaker_positions
 
     def record(*args, **kwargs):
         out = real(*args, **kwargs)
         positions.append(out)
         return out
 
-    dit_module.speaker_positions = record
+    dit_blocks.speaker_positions = record
     try:
         with torch.no_grad():
             dit(
@@ -222,7 +223,7 @@ def _routed_stems(dit, people_order: tuple[int, int]) -> torch.Tensor:
                 torch.randn(1, 20, 3, 4, 8, generator=g), audio, masks,
             )  # fmt: skip
     finally:
-        dit_module.speaker_positions = real
+        dit_blocks.speaker_positions = real
     frame0 = positions[0][0, : 2 * 4]  # (T0,) first block, frame-0 tokens (grid 2 x 4)
     slot = torch.full_like(frame0, -1, dtype=torch.long)
     slot[frame0 <= c.speaker_class_interval] = 0  # speaker 1's RoPE range (its audio keys at its centre)

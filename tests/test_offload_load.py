@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from model.compile import compile_blocks
 from model.config import DIT_PRESETS
-from model.dit import DiTBlock
+from model.dit_blocks import DiTBlock
 from model.fp8 import Fp8Linear
 from model.loading import LoadSpec, load_models
 from model.offload import OffloadedBlock

@@ -21,6 +21,7 @@ import tasks.timeline.shot_key as shot_key
 from tasks.config import load_config
 from tasks.media.audio import DialogueTrack
 from tasks.media.probe import probe
+from tasks.render.backend import backend_weights_identity
 from tasks.timeline.shot_key import conditioning_span, shot_config, shot_settings
 from tests.media import decode_all, make_audio, make_clip
 from tests.test_infinitetalk import _job, resident, ws_root  # noqa: F401 (fixtures)
@@ -69,16 +70,16 @@ def test_weights_identity_counts_the_files_a_shot_can_load(tmp_path: Path):
     single.parent.mkdir(parents=True)
     single.write_bytes(b"single")
     cfg = load_config(None, [f"infinitetalk.weights={root}"]).to_dict()
-    base = shot_key.weights_identity(cfg)
+    base = backend_weights_identity(cfg)
     (root / ".cache" / "huggingface").mkdir(parents=True)
     (root / ".cache" / "huggingface" / "x.metadata").write_text("etag")
     multi = root / WeightsLayout().multi
     multi.parent.mkdir(parents=True)
     multi.write_bytes(b"multi")
-    assert shot_key.weights_identity(cfg) == base
-    assert shot_key.weights_identity(cfg, multi=True) != base
+    assert backend_weights_identity(cfg) == base
+    assert backend_weights_identity(cfg, multi=True) != base
     single.write_bytes(b"single, retrained")
-    assert shot_key.weights_identity(cfg) != base
+    assert backend_weights_identity(cfg) != base
 
 
 def test_conditioning_span_covers_the_model_window_and_context():

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from model.checkpoint import CheckpointError
 from model.tiling import TileSpec
 from model.tiling import tiled_apply as _tiled
-from model.vae import CausalCache, WanVAE, load_vae
+from model.vae import WanVAE, load_vae
+from model.vae_net import CausalCache
 
 WEIGHTS = Path(__file__).parent / "fixtures" / "parity" / "vae" / "weights" / "tiny_wan_vae.pth"
 

@@ -31,6 +31,7 @@ from tasks.decision.characters import Character, TrackFaces, display_name, link_
 from tasks.decision.overrides import ShotOverrides, dub_action
 from tasks.decision.stems import NAME, shot_speech
 from tasks.errors import ConfigError
+from tasks.files import atomic_write_bytes
 from tasks.perception.face_analysis import ShotFaces
 
 log = logging.getLogger(__name__)
@@ -165,9 +166,7 @@ def shot_embeddings(
             log.warning("%s: unreadable embeddings cache (%s): computing them again", cache, ex)
     emb = track_embeddings(info, start, end, faces, cfg.cast.samples)
     if cache is not None:
-        tmp = cache.with_name(f".{cache.name}.tmp")
-        tmp.write_text(json.dumps({str(k): v.round(6).tolist() for k, v in emb.items()}))
-        tmp.replace(cache)
+        atomic_write_bytes(cache, json.dumps({str(k): v.round(6).tolist() for k, v in emb.items()}).encode())
     return emb
 
 

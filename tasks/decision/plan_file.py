@@ -26,6 +26,7 @@ import yaml
 from tasks.config import PipelineConfig
 from tasks.decision.overrides import region_overrides
 from tasks.errors import ConfigError
+from tasks.files import atomic_write_bytes
 from tasks.timeline.shot_key import shot_config
 
 FORMAT = "dubflow-shot-plan/1"
@@ -96,7 +97,7 @@ def _region(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
-    """Write the plan YAML with a legend of the override fields on top."""
+    """Write the plan YAML with a legend of the override fields on top (atomically)."""
     legend = "\n".join(f"#   {name}: {meaning}" for name, meaning in OVERRIDES.items())
     head = (
         "# dubflow shot plan: edit the `override:` fields of any shot (null / auto = the automatic choice),\n"
@@ -105,8 +106,7 @@ def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
     )
     path = Path(path)
     body = yaml.safe_dump(dict(document), sort_keys=False, allow_unicode=True, width=110)
-    path.write_text(head + body)
-    return path
+    return atomic_write_bytes(path, (head + body).encode())
 
 
 def read_plan(path: str | Path) -> dict[int, dict[str, Any]]:

@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from tasks.decision.overrides import ShotOverrides, needs_faces, precedence, sho
 from tasks.decision.record import ShotDecision
 from tasks.decision.stems import cast_turns
 from tasks.errors import ConfigError
+from tasks.files import atomic_write_bytes
 from tasks.media.probe import VideoInfo
 from tasks.perception.face_analysis import ShotFaces, analyse_shot, source_speech
 from tasks.perception.speech import SpeechInfo, detect_speech
@@ -111,7 +111,7 @@ def needed_faces(
             faces = shot_faces(info, start, end, mono, sample_rate, cfg)
             if cache is not None:
                 dub = None if faces.source_audio else _dub_digest(mono)
-                _write_json(cache, {**faces.to_dict(), "dub_audio": dub})
+                atomic_write_bytes(cache, json.dumps({**faces.to_dict(), "dub_audio": dub}).encode())
     elif cfg.region.mode == "full":
         faces = _no_faces(info, start, end)
     return speech, faces
@@ -175,14 +175,6 @@ def regions_json(decision: ShotDecision, shot_start: int) -> list[dict[str, Any]
             }  # fmt: skip
         )
     return out
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """Write atomically (a temp file in the same folder, then rename): readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
 
 
 __all__ = [

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from model.weights import has_multi, layout_for
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.errors import ConfigError, MediaError
-from tasks.infinitetalk import resident
-from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, weights_identity
+from tasks.infinitetalk import cost, identity, resident
+from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, path_stamp
 from tasks.infinitetalk.multi import resolve_two_speakers
 from tasks.infinitetalk.options import VaeTiling, load_spec, resolve_device, resolve_options
 from tasks.infinitetalk.session import InfiniteTalkSession
@@ -57,6 +58,11 @@ class InfiniteTalkBackend:
     def check_options(config: PipelineConfig) -> None:
         """The options check of a shot plan's effective config (no weights needed, nothing loaded)."""
         resolve_options(config, config.backend.options, need_weights=False)
+
+    # hooks generic code asks through the registry (`tasks.render.backend`): nothing loaded for them
+    weights_identity = staticmethod(identity.weights_identity)  # what a shot key records of the weights
+    price = staticmethod(cost.chunk_price)  # one full chunk's GPU seconds
+    shot_price = staticmethod(cost.shot_price)  # a dubbed shot's, two speakers included
 
     def _bind(self, config: PipelineConfig) -> None:
         """Use `config` (a shot's own config, from its ShotContext, wins over the constructor's)."""
@@ -93,7 +99,6 @@ class InfiniteTalkBackend:
 
     def multi_available(self) -> bool:
         """Whether the weights root holds the multi checkpoint (of the configured quantization)."""
-        from model.weights import has_multi
 
         return has_multi(self.weights_root(), self.opts.quant)
 
@@ -114,12 +119,11 @@ class InfiniteTalkBackend:
     # --- per-film caches
 
     def _model_tag(self, component: str) -> str:
-        from model.weights import layout_for
 
         layout = layout_for("infinitetalk-480" if self.tiny else self.opts.mode, self.opts.quant)
         root = self.weights_root()
         path = root / layout.wav2vec_dir if component == "audio" else root / layout.wan_dir / layout.t5
-        return weights_identity(path)
+        return path_stamp(path)
 
     def prompt_cache_path(self, film_dir: Path) -> Path:
         """Where the film's prompt embedding lives (keyed by both prompts and the umT5 weights)."""
@@ -156,7 +160,10 @@ class InfiniteTalkBackend:
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             import soundfile as sf
 
-            from model.wav2vec import frame_count, loudness_normalize
+            from model.wav2vec import (  # imports transformers: only when features are computed
+                frame_count,
+                loudness_normalize,
+            )
 
             self.log.info("wav2vec2 features of %s (once per film) -> %s", dialogue_path, path)
             wave, sr = sf.read(str(dialogue_path), dtype="float32", always_2d=True)

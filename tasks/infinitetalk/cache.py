@@ -12,14 +12,13 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.weights import TINY_WEIGHTS_SEED
-from tasks.files import atomic_temp
+from model.weights import TINY_WEIGHTS_SEED, WeightsLayout
+from tasks.files import atomic_path
 from tasks.infinitetalk.tiny import TINY_BANNER
 
 if TYPE_CHECKING:
@@ -42,27 +41,24 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
     """A tiny random weights root (official layout), written once under `cache_dir` and reused."""
-    from model.weights import WeightsLayout
 
     root = cache_dir / f"tiny-weights-seed{seed}"
     if (root / ".complete").exists() and (root / WeightsLayout().multi).is_file():
         return root
     with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
         if (root / ".complete").exists():
-            from model.tiny import add_tiny_multi
+            from model.tiny import add_tiny_multi  # the tiny networks: only when a tiny root is written
 
             if add_tiny_multi(root, seed):  # a root from before the multi checkpoint joined the layout
                 log.warning("[%s] added the tiny multi checkpoint to %s", TINY_BANNER, root)
             return root
-        from model.tiny import write_tiny_root
+        from model.tiny import write_tiny_root  # the tiny networks: only when a tiny root is written
 
-        tmp = cache_dir / f".tiny-weights-seed{seed}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         log.warning("[%s] writing tiny random weights to %s", TINY_BANNER, root)
-        write_tiny_root(tmp, seed)
-        (tmp / ".complete").touch()
-        shutil.rmtree(root, ignore_errors=True)  # an interrupted earlier attempt
-        os.replace(tmp, root)
+        with atomic_path(root) as tmp:
+            write_tiny_root(tmp, seed)
+            (tmp / ".complete").touch()
+            shutil.rmtree(root, ignore_errors=True)  # an interrupted earlier attempt
     return root
 
 
@@ -78,7 +74,7 @@ def audio_digest(path: Path, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def weights_identity(path: Path) -> str:
+def path_stamp(path: Path) -> str:
     """Resolved path, size and mtime of a weights file or folder (its files)."""
     if not path.exists():
         return f"{path.resolve()}:absent"
@@ -100,10 +96,6 @@ def cached_tensors(path: Path, compute: Callable[[], tuple[dict[str, torch.Tenso
         if path.exists():  # another process wrote it while this one waited
             return path
         tensors, metadata = compute()
-        tmp = atomic_temp(path)
-        try:
+        with atomic_path(path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     return path

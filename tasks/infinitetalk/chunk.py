@@ -15,8 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from model.conditioning import Conditioning
+from model.loading import load_models
+from model.parallel import RankZeroCodec
+from model.stream import stream_generate
+from model.teacache import TeaCache, TeaCacheConfig
 from tasks.infinitetalk.options import TiledVAE, VaeTiling
 from tasks.infinitetalk.region_map import to_uint8
+from tasks.picture.color import match_and_blend
 
 if TYPE_CHECKING:
     import torch
@@ -65,9 +71,6 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
     """
     import torch
 
-    from model.conditioning import Conditioning
-    from model.stream import stream_generate
-
     source = job.source
     cond = Conditioning(
         context=job.context.to(models.device),
@@ -83,8 +86,6 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
         generator.manual_seed(job.settings.seed)
     teacache = None
     if job.teacache is not None:
-        from model.teacache import TeaCache, TeaCacheConfig
-
         steps = job.settings.sampling_steps - job.settings.start_step
         teacache = TeaCache(TeaCacheConfig(threshold=job.teacache, preset=job.teacache_preset), steps)
     outputs: list[Any] = []
@@ -109,9 +110,6 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
 def rank_setup(root: str, spec: LoadSpec, tiling: VaeTiling, sp: Any) -> dict[str, Any]:
     """ShotWorker setup of one rank: the DiT (sequence-parallel) everywhere, VAE (tiled per `tiling`) and
     CLIP on rank 0 only."""
-    from model.loading import load_models
-    from model.parallel import RankZeroCodec
-    from tasks.picture.color import match_and_blend
 
     components = ("dit", "vae", "clip") if sp.is_writer() else ("dit",)
     models = load_models(root, dataclasses.replace(spec, device=str(sp.device), components=components))

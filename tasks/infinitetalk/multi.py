@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model.conditioning import speaker_masks
 from tasks.config import PipelineConfig
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.decision.shot_decision import region_config
 from tasks.errors import MediaError
+from tasks.infinitetalk.cost import TWO
 from tasks.picture.region import Box, RegionPlan, plan_from_track
 from tasks.render.backend import ShotContext
 
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
 
-TWO = "two"  # DubRegion.status of a two-speaker segment
 MISSING = "two speakers: multi checkpoint missing, dubbing the louder"
 OTHER_PAIR = "two speakers: another pair in this shot, dubbing the louder"
 
@@ -145,7 +146,6 @@ class TwoSpeakers:
     ) -> torch.Tensor:
         """(3, h, w) person 1, person 2, background masks at latent resolution (`speaker_masks`, the official
         cover-resize + centre crop from that frame to the model size). A person outside the crop is an error."""
-        from model.conditioning import speaker_masks
 
         boxes, frame_hw = self.model_boxes(plan, display_hw)
         mh, mw = model_hw
@@ -169,10 +169,3 @@ def stem_feature_files(
 ) -> list[Path]:
     """The people's stems' wav2vec2 feature files (cached per film and stem, like the dialogue's)."""
     return [backend.audio_features_file(film_dir, path, watch) for path in two.stem_paths(context)]
-
-
-def switch_load_s(regions: list[dict[str, Any]], load_s: float) -> float:
-    """GPU seconds a shot adds for two speakers: two audio streams are ~free (the audio projection and
-    cross-attention are a small part of a DiT block); the multi DiT must be resident, priced as one model
-    load (the switch in; the switch back is the next one-speaker shot's)."""
-    return load_s if any(r.get("status") == TWO and len(r.get("people") or ()) == 2 for r in regions) else 0.0

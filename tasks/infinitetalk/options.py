@@ -16,17 +16,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model.config import DIT_PRESETS
+from model.cudnn_attention import fp8_supported
+from model.loading import LoadSpec
+from model.offload import (
+    OTHER_MODELS_BYTES,
+    T5_BYTES,
+    MemoryNeed,
+    decide_offload,
+    device_memory_limit,
+    dit_weight_split,
+    free_device_memory,
+    memo_bytes,
+    vae_tiling_for,
+    working_bytes_per_token,
+)
+from model.tiling import TileSpec
+from model.vae_net import ZeroTailMemo
+from model.weights import gguf_bytes_per_weight, is_gguf
 from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.timeline import WAV2VEC_RATE
 from tasks.infinitetalk.tiny import tiny_hw
+from tasks.picture.geometry import BUCKET_TABLES
 
 if TYPE_CHECKING:
     import torch
 
-    from model.loading import LoadSpec
     from model.offload import MemoryNeed, OffloadDecision
-    from model.tiling import TileSpec
 
 
 def resolve_options(
@@ -153,8 +170,6 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     if opts.fp8_compute == "auto" and not is_gguf(opts.quant):  # only `auto` asks the device
         gemm = torch.cuda.get_device_capability(device) >= (9, 0)
     if opts.fp8_attention == "auto":
-        from model.cudnn_attention import fp8_supported
-
         return gemm, fp8_supported(torch.device(device))
     return gemm, bool(opts.fp8_attention)
 
@@ -196,18 +211,6 @@ def memory_need(
     (default: `fp8_flags` on `device`)."""
     import torch
 
-    from model.config import DIT_PRESETS
-    from model.offload import (
-        OTHER_MODELS_BYTES,
-        T5_BYTES,
-        MemoryNeed,
-        dit_weight_split,
-        memo_bytes,
-        working_bytes_per_token,
-    )
-    from model.weights import gguf_bytes_per_weight, is_gguf
-    from tasks.picture.geometry import BUCKET_TABLES
-
     tiny = opts.mode == "tiny"
     table = BUCKET_TABLES["480" if tiny else opts.mode.removeprefix("infinitetalk-")]
     h, w = max(table.values(), key=lambda hw: hw[0] * hw[1])
@@ -241,8 +244,6 @@ def offload_decision(
     even an offloaded run does not fit, before anything is loaded."""
     import torch
 
-    from model.offload import decide_offload, device_memory_limit
-
     device_type = torch.device(device).type
     if opts.offload is False or device_type != "cuda":
         return decide_offload(opts.offload, device_type=device_type, limit_bytes=None, need_bytes=0)
@@ -260,8 +261,6 @@ def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> 
     """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32), with the offload
     decision of `offload_decision` (its reason rides along and is logged by the loader)."""
     import torch
-
-    from model.loading import LoadSpec
 
     layout = "infinitetalk-480" if opts.mode == "tiny" else opts.mode
     loras = tuple((str(lora["path"]), float(lora.get("scale", 1.0))) for lora in opts.loras)
@@ -296,8 +295,6 @@ class VaeTiling:
     ) -> TileSpec | None:
         """Tiling of one (height x width)-pixel encode/decode; None = untiled. auto: tiles only on CUDA
         when `free_bytes` is short of an untiled pass (`model.offload.vae_tiling_for`)."""
-        from model.offload import vae_tiling_for
-        from model.tiling import TileSpec
 
         if self.mode is True:
             return TileSpec(tile=self.tile_px, stride=self.tile_px - self.tile_px // 4)
@@ -311,7 +308,6 @@ class TiledVAE:
     from the free device memory at that moment; logs whenever the choice changes."""
 
     def __init__(self, vae: Any, tiling: VaeTiling, logger: logging.Logger | logging.LoggerAdapter):
-        from model.vae import ZeroTailMemo
 
         self.vae, self.tiling, self.log = vae, tiling, logger
         self.last: TileSpec | None = None
@@ -321,8 +317,6 @@ class TiledVAE:
         device = self.vae.device
         free = None
         if self.tiling.mode == "auto" and device.type == "cuda":
-            from model.offload import free_device_memory
-
             free = free_device_memory(device)
         spec = self.tiling.spec_for(
             height, width, device_type=device.type, free_bytes=free, dtype=self.vae.dtype

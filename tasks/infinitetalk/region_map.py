@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tasks.picture.geometry import CropGeometry, ModelGeometry
-from tasks.picture.region import Box, RegionPlan
+from tasks.picture.region import Box, RegionPlan, composite, crop_to_bucket
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,6 @@ class ShotRegion:
         """uint8 coded (H, W, 3) frame j -> uint8 model input (mh, mw, 3)."""
         if self.full:
             return self.full_geometry.to_model(frame)
-        from tasks.picture.region import crop_to_bucket
 
         x0, y0, x1, y1 = self.coded_box(j)
         crop = np.ascontiguousarray(np.rot90(frame[y0:y1, x0:x1], self.geometry.rotation // 90))
@@ -111,7 +110,6 @@ class ShotRegion:
                 return out
             mixed = source.astype(np.float32) + w * (out.astype(np.float32) - source)
             return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
-        from tasks.picture.region import composite
 
         patch = np.ascontiguousarray(np.rot90(generated, -(self.geometry.rotation // 90)))
         return composite(source, patch, self.coded_box(j), self.feather_px, w)

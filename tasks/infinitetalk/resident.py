@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model.loading import COMPONENTS, load_models
+from model.shot_worker import ShotWorker, ShotWorkerError
 from tasks.infinitetalk.chunk import ChunkJob, rank_handle, rank_setup
 from tasks.infinitetalk.options import VaeTiling
 
@@ -57,7 +59,6 @@ class ResidentModels:
 
     def get(self, root: Path, spec: LoadSpec, components: tuple[str, ...]) -> dict[str, Any]:
         """The requested components (loading the missing ones in one `load_models` call)."""
-        from model.loading import COMPONENTS, load_models
 
         key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS, multi=False))
         with self._lock:
@@ -90,7 +91,6 @@ class ResidentModels:
     def install(self, root: Path, spec: LoadSpec, components: Mapping[str, Any]) -> None:
         """Make already-built components resident for (root, spec), e.g. random real-size models in a
         benchmark; later `get` calls for that key return them without loading."""
-        from model.loading import COMPONENTS
 
         key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS, multi=False))
         with self._lock:
@@ -113,8 +113,6 @@ class ResidentModels:
         self, root: Path, spec: LoadSpec, world_size: int, tiling: VaeTiling | None = None
     ) -> Any:
         """Start the ShotWorker for (root, spec, N, VAE tiling) unless it runs already; returns its DiT config."""
-        from model.loading import COMPONENTS
-        from model.shot_worker import ShotWorker
 
         tiling = tiling or VaeTiling()
         key = (
@@ -150,7 +148,6 @@ class ResidentModels:
             return self._run_locked({"chunk": job})
 
     def _run_locked(self, job: dict[str, Any]) -> Any:
-        from model.shot_worker import ShotWorkerError
 
         try:
             out = self._worker.run(job)

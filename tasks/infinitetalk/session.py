@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from model.conditioning import speaker_masks
+from model.sampler import sampler_preset
+from model.stream import StreamState
 from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
@@ -30,6 +33,7 @@ from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
 from tasks.infinitetalk.tiny import label_tiny, tiny_hw
 from tasks.infinitetalk.warmup import warm_up
 from tasks.media.frames import read_frames
+from tasks.picture.color import match_and_blend
 from tasks.picture.geometry import ModelGeometry
 from tasks.picture.region import combine_regions
 from tasks.render.backend import ChunkInput, ShotContext
@@ -66,7 +70,6 @@ class SessionBackend(Protocol):
 def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPlan, *, tiny: bool) -> Any:
     """The shot's `model.sampler.SamplerSettings`: the mode's preset (or tiny's) with the options, the
     colour config and the shot plan's chunking applied."""
-    from model.sampler import sampler_preset
 
     preset = "tiny" if tiny else opts.mode
     changes: dict[str, Any] = {
@@ -211,8 +214,6 @@ class InfiniteTalkSession:
         """The shot's chunk job; its per-chunk fields (reference, source, state) are filled by dub_chunk."""
         import torch
 
-        from model.conditioning import speaker_masks
-
         opts = self.backend.opts
         mh, mw = model_hw
         text_len = dcfg.text_len
@@ -232,7 +233,6 @@ class InfiniteTalkSession:
 
     def _resume(self, resume_state: Any | None) -> Any | None:
         """The `model.stream.StreamState` to continue from (a checkpoint of `state()`); None = chunk 0."""
-        from model.stream import StreamState
 
         if resume_state is None:
             return None
@@ -249,7 +249,6 @@ class InfiniteTalkSession:
             return self.clip.encode(reference)  # (1, 257, 1280)
 
     def _color(self, video: torch.Tensor, reference: torch.Tensor, strength: float) -> torch.Tensor:
-        from tasks.picture.color import match_and_blend
 
         with self.watch("colour"):
             return match_and_blend(video, reference, strength)
@@ -279,7 +278,6 @@ class InfiniteTalkSession:
         """Generate the chunk now (the model work, in order); return the function that pastes its frames
         into the source frames (CPU work, reads nothing that later chunks change: `tasks.render.overlap` runs it
         on the writer thread while the next chunk generates)."""
-        from model.stream import StreamState
 
         c = inp.chunk
         self._enter_part(c)

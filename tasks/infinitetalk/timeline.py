@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from model.chunks import plan_chunks
 from tasks.timeline.plan import ShotPlan
 
 MODEL_FPS = 25
@@ -74,7 +75,6 @@ def shot_feature_range(plan: ShotPlan, timeline: FeatureTimeline) -> tuple[int, 
 def check_plan_agreement(plan: ShotPlan) -> None:
     """The renderer's chunk plan (`tasks.timeline.plan`) must be the sampler's (`model.chunks.plan_chunks`), part by
     part when the plan is split at speaker switches (each part is one sampler run)."""
-    from model.chunks import plan_chunks
 
     for part in sorted({c.part for c in plan.chunks}):
         chunks = [c for c in plan.chunks if c.part == part]

@@ -18,9 +18,11 @@ import logging
 import time
 from typing import Any
 
+from model.conditioning import speaker_masks
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.options import TiledVAE, resolve_device
+from tasks.picture.color import match_and_blend
 
 log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
 
@@ -73,9 +75,6 @@ def warm_up(
 def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
     """Chunk 0 and a continuation chunk (motion frames encoded) of a zero shot; outputs dropped."""
     import torch
-
-    from model.conditioning import speaker_masks
-    from tasks.picture.color import match_and_blend
 
     m = backend.models("dit", "vae", "clip")
     dit, vae, clip = m["dit"], m["vae"], m["clip"]

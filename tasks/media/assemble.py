@@ -5,8 +5,8 @@ re-timed to `n / fps` (so the output has the source's frame count and CFR timest
 once with the configured codec, and tagged with the source's display matrix (rotation) and
 sample aspect ratio. The final mix (or the dialogue track) is muxed with a language tag and cut
 (or padded, when the length policy allows) to the picture's duration. The output is written to
-a temp file in the destination directory and moved into place with `os.replace`; the source is
-never opened for writing. Each shot intermediate is checked against its done record (size and
+a temp file in the destination directory and moved into place (`tasks.files.atomic_path`: fsynced,
+then `os.replace`); the source is never opened for writing. Each shot intermediate is checked against its done record (size and
 SHA-256) before it is used, so a corrupted or truncated shot is never delivered.
 
 VFR sources come out CFR at their average rate with the same frame count (documented limit).
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tasks.config import EncodeConfig
 from tasks.errors import DecodeError, OutputError
+from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.intermediates import IntermediateError, verify
 from tasks.media.probe import VideoInfo, probe
@@ -124,19 +125,6 @@ def build_encode_args(
     return [*args, "-f", muxer, str(out_tmp)]
 
 
-def _output_temp(final: Path) -> Path:
-    """A fresh temp file next to `final` created with mode 0666 & ~umask (the output's eventual mode)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(100):
-        tmp = final.with_name(f".{final.stem}.{os.urandom(4).hex()}.tmp{final.suffix}")
-        try:
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-    raise OutputError(final, "cannot create a temporary file next to the output")
-
-
 def verify_shots(shot_paths: list[str], records: list[dict | None]) -> None:
     """Each shot intermediate must be the file its done record describes (size + SHA-256)."""
     for path, record in zip(shot_paths, records, strict=True):
@@ -173,8 +161,7 @@ def assemble(
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "shots.ffconcat"
     listing.write_text(_ffconcat(shot_paths))
-    tmp = _output_temp(o)
-    try:
+    with atomic_path(o) as tmp:
         _, err = ffmpeg.run(
             build_encode_args(info, listing, audio, cfg, tmp, muxer, stamp), path=o, what="final encode"
         )
@@ -185,8 +172,5 @@ def assemble(
             raise DecodeError(o, f"encoded {got.frame_count} frames, expected {info.frame_count}")
         if not info.vfr and got.fps != info.fps:
             raise DecodeError(o, f"encoded at {got.fps} fps, expected {info.fps}")
-        os.replace(tmp, o)
-    finally:
-        tmp.unlink(missing_ok=True)
     log.info("wrote %s (%d frames at %s fps)", o, info.frame_count, info.fps)
     return str(o)

@@ -13,7 +13,6 @@ own end, so consecutive slices tile the track exactly.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +23,7 @@ import soundfile as sf
 
 from tasks.config import AudioConfig
 from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
-from tasks.files import atomic_temp
+from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.probe import read_header
 
@@ -165,13 +164,9 @@ def prepare_dialogue(
         )
     samples = conform(samples, decision)
     out = Path(out_wav)
-    tmp = atomic_temp(out)
-    try:
-        fmt = "WAV" if samples.nbytes < 3_500_000_000 else "RF64"
+    fmt = "WAV" if samples.nbytes < 3_500_000_000 else "RF64"
+    with atomic_path(out) as tmp:
         sf.write(str(tmp), samples, cfg.sample_rate, subtype="FLOAT", format=fmt)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return DialogueTrack(
         path=str(out),
         source=str(audio_path),

@@ -10,7 +10,6 @@ frame to what the model sees and back).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tasks.errors import DecodeError, MediaError
-from tasks.files import atomic_temp
+from tasks.files import AtomicFile
 from tasks.media import ffmpeg
 from tasks.media.probe import VideoInfo
 
@@ -153,16 +152,16 @@ class LosslessWriter:
         self.size_hw = size_hw
         self.fps = fps
         self.count = 0
-        self._tmp: Path | None = None
+        self._target: AtomicFile | None = None
         self._ctx = None
         self._pipe = None
 
     def __enter__(self) -> LosslessWriter:
-        self._tmp = atomic_temp(self.path)
+        self._target = AtomicFile(self.path)
         h, w = self.size_hw
         args = ["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}"]
         args += ["-framerate", str(self.fps), "-i", "-", "-c:v", "ffv1", "-level", "3", "-pix_fmt", "gbrp"]
-        args += ["-f", "matroska", str(self._tmp)]
+        args += ["-f", "matroska", str(self._target.tmp)]
         self._ctx = ffmpeg.write_pipe(args, path=self.path, what="writing lossless intermediate")
         self._pipe = self._ctx.__enter__()
         return self
@@ -183,9 +182,9 @@ class LosslessWriter:
         try:
             self._ctx.__exit__(exc_type, exc, tb)
         except BaseException:
-            self._tmp.unlink(missing_ok=True)
+            self._target.discard()
             raise
         if exc_type is not None:
-            self._tmp.unlink(missing_ok=True)
+            self._target.discard()
             return
-        os.replace(self._tmp, self.path)
+        self._target.commit()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import DecodeError
-from tasks.files import atomic_temp
+from tasks.files import atomic_write_bytes
 from tasks.media import ffmpeg
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,7 @@ def verify(path: str | os.PathLike[str], record: Any) -> str | None:
 
 def write_marker(path: str | os.PathLike[str], body: dict[str, Any]) -> None:
     """Write a done marker (JSON) atomically; readers see nothing or the whole marker."""
-    final = Path(path)
-    tmp = atomic_temp(final)
-    try:
-        tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, json.dumps(body, indent=1, sort_keys=True).encode())
 
 
 def read_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -119,7 +113,7 @@ def read_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def clean_temps(folder: str | os.PathLike[str], stem: str) -> int:
-    """Remove leftover temp files of `<stem>.*` in `folder` (from `atomic_temp`, after a crash); count."""
+    """Remove leftover temp files of `<stem>.*` in `folder` (from `tasks.files.AtomicFile`, after a crash); count."""
     n = 0
     for tmp in Path(folder).glob(f".{stem}.*.tmp*"):
         try:

@@ -83,17 +83,6 @@ class ContainerHeader:
 
 
 @dataclass(frozen=True)
-class PacketTiming:
-    """What the packet listing of one stream says."""
-
-    time_base: Fraction
-    count: int
-    first_pts: int | None
-    fps: Fraction
-    vfr: bool
-
-
-@dataclass(frozen=True)
 class VideoInfo:
     """Everything dubflow needs to know about the source video. Serialisable with to_dict/from_dict."""
 

@@ -17,11 +17,13 @@ import logging
 import threading
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from tasks.errors import MediaError
 from tasks.media.probe import VideoInfo
 from tasks.perception.face_analysis import ShotFaces, display_frames
+from tasks.perception.faces import FaceDetector
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +106,6 @@ def track_embeddings(
 
 def still_embeddings(path: str | Path) -> np.ndarray:
     """(1, 128): the largest face of a reference still (any image ffmpeg or OpenCV reads)."""
-    import cv2
-
-    from tasks.perception.faces import FaceDetector
 
     p = Path(path)
     if not p.is_file():

@@ -13,6 +13,11 @@ Backends are looked up by name in `BACKENDS` ("module:attribute" strings, import
 asking for `passthrough` never imports the model). A factory that takes a `config` keyword also gets
 the whole `PipelineConfig`.
 
+Hooks a backend class may carry, asked through this registry so generic code names no backend:
+`check_options(config)` (`check_backend_options`), `weights_identity(config, multi=)` (what a shot key
+records of its weights, `backend_weights_identity`), `price(config, fallbacks=)` and
+`shot_price(price, plan, regions)` (GPU seconds, `backend_price`, `backend_shot_price`).
+
 Optional gating (`GatingBackend`): a backend with `prepare_shot` decides per shot, before any chunk,
 whether the shot is dubbed at all (`ShotDecision`: speech in the dub slice, a face, policy); the
 renderer persists that decision with the chunk checkpoints, copies skipped shots through untouched
@@ -25,6 +30,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -37,6 +43,7 @@ from tasks.errors import ConfigError
 from tasks.media.audio import DialogueTrack
 from tasks.media.probe import VideoInfo
 from tasks.picture.geometry import ModelGeometry
+from tasks.render.cost import ChunkPrice, shot_gpu_s
 from tasks.timeline.plan import ChunkPlan, ShotPlan
 
 log = logging.getLogger(__name__)
@@ -209,6 +216,30 @@ def backend_factory(name: str) -> Any:
         raise ConfigError(
             "backend.name", f"backend {name!r} is not available ({BACKENDS[name]}: {ex})"
         ) from ex
+
+
+def backend_weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:
+    """What a shot key records of the weights `config` (a plain config dict) renders with: the backend's
+    `weights_identity` hook (``multi``: the shot can run two speakers), else the backend's name."""
+    name = config["backend"]["name"]
+    hook = getattr(backend_factory(name), "weights_identity", None)
+    return hook(config, multi=multi) if hook is not None else f"backend:{name}"
+
+
+def backend_price(config: PipelineConfig, *, fallbacks: bool = False) -> ChunkPrice | None:
+    """One full chunk's price under `config` (the backend's `price` hook; `fallbacks`: null figures
+    replaced by their `cost.fallback_*` stand-ins); None for a backend that prices no GPU work."""
+    hook = getattr(backend_factory(config.backend.name), "price", None)
+    return hook(config, fallbacks=fallbacks) if hook is not None else None
+
+
+def backend_shot_price(
+    name: str, price: ChunkPrice, plan: ShotPlan, regions: Sequence[Mapping[str, Any]] = ()
+) -> float:
+    """GPU seconds of a dubbed shot (its dubbed `regions` as in the shot table): the backend's
+    `shot_price` hook, else its chunks at `price`."""
+    hook = getattr(backend_factory(name), "shot_price", None)
+    return hook(price, plan, regions) if hook is not None else shot_gpu_s(plan, price.chunk_s)
 
 
 def check_backend_options(config: PipelineConfig) -> None:

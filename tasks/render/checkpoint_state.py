@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from tasks.files import atomic_temp
+from tasks.files import atomic_write_bytes
 
 FORMAT = "dubflow-state-1"
 _META_KEY = "dubflow.state"  # metadata entry holding the record (JSON)
@@ -104,12 +104,7 @@ def save_state(path: str | os.PathLike[str], state: Any) -> dict[str, Any]:
     """Write `state` to `path` atomically; its record for the done marker: {"file", "size", "sha256"}."""
     data = encode_state(state)
     final = Path(path)
-    tmp = atomic_temp(final)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(final, data)
     return {"file": final.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 

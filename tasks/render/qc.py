@@ -1,7 +1,7 @@
 """Quality-control artefacts for a dubbed shot: a side-by-side preview mp4 and a contact sheet PNG.
 
 Both put the source (left) next to the dubbed result (right) at a reduced size, so a reviewer can judge lip
-sync and seams quickly from the shot table.  Files are written atomically (temp file + ``os.replace``) so a
+sync and seams quickly from the shot table.  Files are written atomically (`tasks.files.AtomicFile`) so a
 crashed or retried task never leaves a half-written artefact under the final name.
 """
 
@@ -19,6 +19,8 @@ from typing import Any
 import cv2
 import imageio_ffmpeg
 import numpy as np
+
+from tasks.files import AtomicFile, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -119,26 +121,13 @@ def contact_sheet(
 # File output
 
 
-def _tmp_path(out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}", dir=out.parent)
-    os.close(fd)
-    return Path(name)
-
-
 def write_png(image: np.ndarray, out_path: str | os.PathLike[str]) -> Path:
     """Write an RGB uint8 image as PNG, atomically."""
     out = Path(out_path)
     ok, buf = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     if not ok:
         raise RuntimeError(f"PNG encoding failed for {out}")
-    tmp = _tmp_path(out)
-    try:
-        tmp.write_bytes(buf.tobytes())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return atomic_write_bytes(out, buf.tobytes())
 
 
 class Mp4Writer:
@@ -161,14 +150,14 @@ class Mp4Writer:
         self.frames = 0
         self._size: tuple[int, int] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: Path | None = None
+        self._target: AtomicFile | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
 
     def __enter__(self) -> Mp4Writer:
         return self
 
     def _start(self, h: int, w: int) -> None:
-        self._tmp = _tmp_path(self.out)
+        self._target = AtomicFile(self.out)
         cmd = [
             imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
             "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{self.fps}", "-i", "pipe:0",
@@ -177,7 +166,7 @@ class Mp4Writer:
             cmd += ["-i", str(self.audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", "-b:a", "96k"]
             cmd += ["-shortest"]
         cmd += ["-c:v", "libx264", "-preset", "veryfast", "-crf", str(self.crf), "-pix_fmt", "yuv420p"]
-        cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._tmp)]
+        cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._target.tmp)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _cleanup()
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._log)
 
@@ -208,12 +197,13 @@ class Mp4Writer:
         """Finish encoding and move the file to its final name."""
         if self._proc is None:
             raise ValueError(f"no frames were written to {self.out}")
-        assert self._proc.stdin is not None and self._tmp is not None
+        assert self._proc.stdin is not None and self._target is not None
         self._proc.stdin.close()
         rc = self._proc.wait()
         if rc != 0:
             raise RuntimeError(f"ffmpeg failed (exit {rc}) writing {self.out}: {self._stderr()}")
-        os.replace(self._tmp, self.out)
+        self._target.commit()
+        self._target = None
         self._cleanup()
         return self.out
 
@@ -221,8 +211,9 @@ class Mp4Writer:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
-        if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
+        if self._target is not None:
+            self._target.discard()
+            self._target = None
         if self._log is not None:
             self._log.close()
             self._log = None

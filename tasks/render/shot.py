@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -29,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 import torch
 
 from tasks.config import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import switch_frames
 from tasks.errors import DecodeError, MediaError
-from tasks.files import atomic_temp
+from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.audio import DialogueTrack, read_samples
 from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
@@ -46,6 +48,8 @@ from tasks.picture.geometry import ModelGeometry
 from tasks.render.backend import ChunkInput, ShotContext, get_backend
 from tasks.render.chunk_checkpoints import ChunkCheckpoints
 from tasks.render.overlap import dub_chunk_deferred, run_chunks
+from tasks.render.qc import QcConfig, write_qc
+from tasks.render.qc_overlay import speaker_overlay
 from tasks.timeline.plan import ShotPlan, split_at
 
 log = logging.getLogger(__name__)
@@ -102,40 +106,18 @@ def chunk_audio(shot_audio: np.ndarray, sample_rate: int, plan: ShotPlan, chunk_
 def _concat_copy(segments: list[Path], out: Path, workdir: Path) -> None:
     """Join FFV1 segments by stream copy into `out` (atomic)."""
     if len(segments) == 1:
-        tmp = atomic_temp(out)
-        try:
+        with atomic_path(out) as tmp:
             shutil.copyfile(segments[0], tmp)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
         return
     listing = workdir / "concat.txt"
     listing.write_text("ffconcat version 1.0\n" + "".join(f"file {_quote(p)}\n" for p in segments))
-    tmp = atomic_temp(out)
-    try:
+    with atomic_path(out) as tmp:
         ffmpeg.run(
-            [
-                "-v",
-                "error",
-                "-y",
-                "-f",
-                "concat",
-                "-safe",
-                "0",
-                "-i",
-                str(listing),
-                "-c",
-                "copy",
-                "-f",
-                "matroska",
-                str(tmp),
-            ],
+            ["-v", "error", "-y", "-f", "concat", "-safe", "0", "-i", str(listing), "-c", "copy"]
+            + ["-f", "matroska", str(tmp)],
             path=out,
             what="joining chunk segments",
         )
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _quote(p: Path) -> str:
@@ -193,16 +175,15 @@ def write_shot_qc(
 ) -> dict[str, str]:
     """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
     (`title`: a banner on both, e.g. for a preview pass)."""
-    import soundfile as sf
-
-    from tasks.render.qc import QcConfig, write_qc  # cv2 only when QC is written
-    from tasks.render.qc_overlay import speaker_overlay
 
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
     geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
     overlay = speaker_overlay(decision) if decision is not None else None
-    wav = atomic_temp(qc_dir / f"{stem}.wav")
+    qc_dir.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp.wav", dir=qc_dir)  # scratch, removed below
+    os.close(fd)
+    wav = Path(name)
     try:
         sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
         result = write_qc(
@@ -310,108 +291,47 @@ def render_shot_result(
         decision = _decision(backend, plan, geometry, shot_audio, context, seg_dir)
     if decision is not None:
         plan = split_at(plan, switch_frames(decision))  # a speaker switch: one sampler run per part
-    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
-    segments = [checkpoints.segment(c.index) for c in plan.chunks]
-    dubs = bool(getattr(backend, "dubs", True))
-    if decision is not None:
-        dubbed, reason = decision.dub, decision.reason
-    elif dubs:
-        dubbed, reason = True, f"backend {backend.name}"
-    else:
-        dubbed, reason = False, f"{backend.name} backend: dry run, not dubbed"
-    result: dict[str, Any] = {
-        "index": plan.shot_index,
-        "path": str(out),
-        "dubbed": dubbed,
-        "reason": reason,
-        "chunks": len(plan.chunks),
-        "chunks_resumed": 0,
-        "backend": backend.name,
-        "tiny": bool(getattr(backend, "tiny", False)),
-        "timings_s": {},
-        "qc": None,
-        "file": None,  # the intermediate's record (size, sha256, frames): checked before any reuse
-    }
+    result = _result_head(plan, out, backend, decision)
     if decision is not None and not decision.dub:
-        log.info("shot %04d: not dubbed (%s): copying %d frames", plan.shot_index, reason, plan.num_frames)
-        with timer("copy"):
-            _copy_through(info, plan, out)
-            result["file"] = record_written(out, plan.num_frames)
-        shutil.rmtree(seg_dir, ignore_errors=True)
-        if on_progress:
-            on_progress(1.0)
-        result["chunks"] = 0
+        _copy_through_shot(result, info, plan, out, seg_dir, timer, on_progress)
         timer.totals["total"] = time.perf_counter() - t_start
         result["timings_s"] = timer.rounded()
         return result
 
     # 2. resume after the last chunk verifiably done (segment + state checked against its marker)
+    checkpoints = ChunkCheckpoints(seg_dir, len(plan.chunks))
+    segments = [checkpoints.segment(c.index) for c in plan.chunks]
     first, resume_state = checkpoints.resume()
     result["chunks_resumed"] = first
     if first:
         log.info("shot %04d: resuming at chunk %d/%d", plan.shot_index, first + 1, len(plan.chunks))
 
-    # 3. the chunks
-    s0 = plan.start_frame
+    # 3. the chunks: decode ahead, the backend, composite + encode + checkpoint behind (`run_chunks`)
     todo = plan.chunks[first:]
     if todo:
         shot_first = cfg.color.reference == "shot_first"
         start = min(min(c.ref_frame, c.src_start) for c in todo)
         lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
-        cursor = FrameCursor(info, s0 + start, plan.end_frame, lookback=lookback)
+        cursor = FrameCursor(info, plan.start_frame + start, plan.end_frame, lookback=lookback)
         with timer("decode"):
-            first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
+            first_frame = (
+                read_frames(info, [plan.start_frame])[plan.start_frame] if shot_first and start > 0 else None
+            )
         extra = {"decision": decision, "context": context} if decision is not None else {}
         with timer("open"):
             session = backend.open_shot(
                 plan, geometry, shot_audio, track.sample_rate, resume_state=resume_state, **extra
             )
-
-        def read(c: Any) -> tuple[ChunkInput, np.ndarray]:  # reader thread: decode ahead
-            nonlocal first_frame
-            with timer("decode"):
-                frames = cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
-                ref = cursor.get(s0 + c.ref_frame)
-                if shot_first:
-                    first_frame = cursor.get(s0) if first_frame is None else first_frame
-            color_ref = first_frame if shot_first else ref
-            window = chunk_audio(shot_audio, track.sample_rate, plan, c.index)
-            return ChunkInput(c, frames, ref, window, track.sample_rate), color_ref
-
-        def generate(
-            c: Any, got: tuple[ChunkInput, np.ndarray]
-        ) -> tuple[Any, np.ndarray, Any]:  # caller: GPU
-            inp, color_ref = got
-            with timer("backend"):
-                finish = dub_chunk_deferred(session, inp)
-            return finish, color_ref, session.state()  # the state after this chunk, for its checkpoint
-
-        def write(c: Any, product: tuple[Any, np.ndarray, Any]) -> None:  # writer thread: finish behind
-            finish, color_ref, st = product
-            with timer("composite"):
-                chunk_out = finish()
-            n_out = c.src_end - c.src_start
-            if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
-                raise MediaError(
-                    info.path,
-                    f"backend {backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
-                    f"of shot {plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
-                )
-            if not backend.applies_color:
-                with timer("colour"):
-                    chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
-            with timer("encode"):
-                if n_out:
-                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
-                        w.write(chunk_out)
-                checkpoints.commit(c.index, n_out, st)  # verified, then marked done
-
+        io = _ChunkIO(
+            info, plan, cfg, backend, session, cursor, shot_audio, track.sample_rate, segments, checkpoints,
+            timer, first_frame,
+        )  # fmt: skip
         try:
             waits = run_chunks(
                 todo,
-                read,
-                generate,
-                write,
+                io.read,
+                io.generate,
+                io.write,
                 depth=cfg.pipeline.queue,
                 overlap=cfg.pipeline.overlap,
                 on_done=on_progress and (lambda c: on_progress((c.index + 1) / len(plan.chunks))),
@@ -434,7 +354,7 @@ def render_shot_result(
         _concat_copy(written, out, seg_dir)
         result["file"] = record_written(out, plan.num_frames)  # verified on every reuse (done marker)
     shutil.rmtree(seg_dir, ignore_errors=True)
-    if dubbed and cfg.qc.enabled:
+    if result["dubbed"] and cfg.qc.enabled:
         with timer("qc"):
             title = PREVIEW_LABEL if cfg.workspace.preview else None
             result["qc"] = write_shot_qc(
@@ -443,5 +363,104 @@ def render_shot_result(
             )  # fmt: skip
     timer.totals["total"] = time.perf_counter() - t_start
     result["timings_s"] = timer.rounded()
-    log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, reason)
+    log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, result["reason"])
     return result
+
+
+def _result_head(plan: ShotPlan, out: Path, backend: Any, decision: ShotDecision | None) -> dict[str, Any]:
+    """The `ShotResult` fields known before any chunk: whether and why the shot is dubbed."""
+    if decision is not None:
+        dubbed, reason = decision.dub, decision.reason
+    elif bool(getattr(backend, "dubs", True)):
+        dubbed, reason = True, f"backend {backend.name}"
+    else:
+        dubbed, reason = False, f"{backend.name} backend: dry run, not dubbed"
+    return {
+        "index": plan.shot_index,
+        "path": str(out),
+        "dubbed": dubbed,
+        "reason": reason,
+        "chunks": len(plan.chunks),
+        "chunks_resumed": 0,
+        "backend": backend.name,
+        "tiny": bool(getattr(backend, "tiny", False)),
+        "timings_s": {},
+        "qc": None,
+        "file": None,  # the intermediate's record (size, sha256, frames): checked before any reuse
+    }
+
+
+def _copy_through_shot(
+    result: dict[str, Any], info: VideoInfo, plan: ShotPlan, out: Path, seg_dir: Path, timer: _Timer,
+    on_progress: Callable[[float], None] | None,
+) -> None:  # fmt: skip
+    """A shot the gate does not dub: its source frames copied into the intermediate (no model call)."""
+    log.info(
+        "shot %04d: not dubbed (%s): copying %d frames", plan.shot_index, result["reason"], plan.num_frames
+    )
+    with timer("copy"):
+        _copy_through(info, plan, out)
+        result["file"] = record_written(out, plan.num_frames)
+    shutil.rmtree(seg_dir, ignore_errors=True)
+    if on_progress:
+        on_progress(1.0)
+    result["chunks"] = 0
+
+
+@dataclass
+class _ChunkIO:
+    """The chunk loop's three stages over one shot (`tasks.render.overlap.run_chunks`): `read` decodes a
+    chunk's frames ahead (reader thread), `generate` runs the backend (the caller's thread: the GPU),
+    `write` composites, colour-corrects, encodes and checkpoints behind it (writer thread)."""
+
+    info: VideoInfo
+    plan: ShotPlan
+    cfg: PipelineConfig
+    backend: Any
+    session: Any
+    cursor: FrameCursor
+    shot_audio: np.ndarray  # (S, C) float32
+    sample_rate: int
+    segments: list[Path]
+    checkpoints: ChunkCheckpoints
+    timer: _Timer
+    first_frame: np.ndarray | None  # the shot's first frame (colour reference `shot_first`), read on demand
+
+    def read(self, c: Any) -> tuple[ChunkInput, np.ndarray]:
+        """The chunk's input (frames, reference, audio window) and its colour reference."""
+        s0, shot_first = self.plan.start_frame, self.cfg.color.reference == "shot_first"
+        with self.timer("decode"):
+            frames = self.cursor.range(s0 + c.src_start, s0 + c.src_end)  # (T, H, W, 3)
+            ref = self.cursor.get(s0 + c.ref_frame)
+            if shot_first and self.first_frame is None:
+                self.first_frame = self.cursor.get(s0)
+        color_ref = self.first_frame if shot_first else ref
+        window = chunk_audio(self.shot_audio, self.sample_rate, self.plan, c.index)
+        return ChunkInput(c, frames, ref, window, self.sample_rate), color_ref
+
+    def generate(self, c: Any, got: tuple[ChunkInput, np.ndarray]) -> tuple[Any, np.ndarray, Any]:
+        inp, color_ref = got
+        with self.timer("backend"):
+            finish = dub_chunk_deferred(self.session, inp)
+        return finish, color_ref, self.session.state()  # the state after this chunk, for its checkpoint
+
+    def write(self, c: Any, product: tuple[Any, np.ndarray, Any]) -> None:
+        finish, color_ref, st = product
+        info = self.info
+        with self.timer("composite"):
+            chunk_out = finish()
+        n_out = c.src_end - c.src_start
+        if chunk_out.shape != (n_out, info.height, info.width, 3) or chunk_out.dtype != np.uint8:
+            raise MediaError(
+                info.path,
+                f"backend {self.backend.name} returned {chunk_out.shape} {chunk_out.dtype} for chunk {c.index} "
+                f"of shot {self.plan.shot_index}, expected {(n_out, info.height, info.width, 3)} uint8",
+            )
+        if not self.backend.applies_color:
+            with self.timer("colour"):
+                chunk_out = color_correct(chunk_out, color_ref, self.cfg.color.strength)
+        with self.timer("encode"):
+            if n_out:
+                with LosslessWriter(self.segments[c.index], (info.height, info.width), info.fps) as w:
+                    w.write(chunk_out)
+            self.checkpoints.commit(c.index, n_out, st)  # verified, then marked done

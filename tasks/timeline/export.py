@@ -20,6 +20,8 @@ from typing import Any
 
 import opentimelineio as otio
 
+from tasks.files import atomic_path
+
 
 def _range(start: int, frames: int, rate: float) -> otio.opentime.TimeRange:
     return otio.opentime.TimeRange(
@@ -87,11 +89,10 @@ def film_timeline(
 
 
 def write_timeline(path: str | Path, timeline: otio.schema.Timeline, adapter: str = "otio_json") -> Path:
-    """Write `timeline` with an OTIO adapter (default `.otio` JSON), atomically: a temporary name, then a rename."""
+    """Write `timeline` with an OTIO adapter (default `.otio` JSON), atomically (`tasks.files.atomic_path`)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    otio.adapters.write_to_file(timeline, str(tmp), adapter_name=adapter)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        otio.adapters.write_to_file(timeline, str(tmp), adapter_name=adapter)
     return path
 
 

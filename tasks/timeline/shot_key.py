@@ -34,12 +34,11 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from model.weights import QUANTS, TINY_WEIGHTS_SEED, WeightsLayout
 from tasks.media.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 3  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
@@ -153,34 +152,6 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
     return data
 
 
-def weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:
-    """The model weights a shot is rendered with: tiny random weights by seed, else the weights root's
-    files (relative names, sizes, mtimes; moving the folder keeps it). Hidden entries (a downloader's
-    `.cache/`) are not weights. The multi-person checkpoint counts only for a shot that can run two speakers
-    (``multi``: it has two or more stems), so adding it to a root re-renders no one-speaker shot. Other
-    backends: their name."""
-    backend = config["backend"]
-    if backend["name"] != "infinitetalk":
-        return f"backend:{backend['name']}"
-    opts = {**config["infinitetalk"], **backend.get("options", {})}
-    if opts.get("weights") is None:
-        return f"tiny-random-seed{TINY_WEIGHTS_SEED}"
-    root = Path(str(opts["weights"]))
-    if not root.is_dir():
-        return f"absent:{root.name}"  # the render fails on it; the key must not
-    layout = WeightsLayout()
-    multi_files = {layout.dit_file(q, multi=True) for q in QUANTS}
-    multi_files |= {str(Path(f).with_suffix(".json")) for f in multi_files}
-    digest = hashlib.sha256()
-    for p in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = p.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in Path(rel).parts) or (not multi and rel in multi_files):
-            continue
-        st = p.stat()
-        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return f"{opts.get('mode')}:{digest.hexdigest()[:20]}"
-
-
 def _file_identity(path: Path) -> str:
     if not path.is_file():
         return f"absent:{path.name}"
@@ -240,9 +211,12 @@ def shot_inputs(
     config: Mapping[str, Any],
     context_s: float | None,
     stems: Mapping[str, DialogueTrack] | None = None,
+    weights_identity: Callable[..., str],
 ) -> ShotInputs:
     """The `ShotInputs` of one shot; `config` is the shot's effective config (`shot_config`); ``stems``:
-    the per-character dub stems (same rate and length as ``track``), hashed over the same span."""
+    the per-character dub stems (same rate and length as ``track``), hashed over the same span;
+    ``weights_identity(config, multi=...)``: the backend's (`tasks.render.backend.backend_weights_identity`),
+    ``multi`` when the shot can run two speakers (two or more stems)."""
     span = conditioning_span(plan, audio_range, track, context_s)
     audio = audio_identity(track, span)
     if stems:

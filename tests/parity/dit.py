@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import safetensors_keys
-from model.dit import InfiniteTalkDiT, reference_attention_map, token_masks
+from model.dit import InfiniteTalkDiT
+from model.dit_blocks import reference_attention_map, token_masks
 from model.dit_loader import load_dit
 from model.teacache import TeaCache, TeaCacheConfig
 from model.weights import DIT_STEM
