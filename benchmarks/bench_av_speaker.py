@@ -27,7 +27,6 @@ from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
-from tasks.perception.face_analysis import ShotFaces
 from tests.av_cases import av_cases, judge, small_face
 from tests.speaker_cases import FPS, SR, encode
 
@@ -60,11 +59,17 @@ def main() -> None:
                 continue
             info = probe(encode(Path(tmp) / f"{name.replace('/', '_')}.mp4", case.frames, case.audio))
             d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg)
-            faces = d.details["faces"]
-            shot = ShotFaces.from_dict(faces)
+            shot = d.faces
+            faces = shot.to_dict()
             turns = [
-                (a, b, None if k is None else case.who(shot.track(k).boxes[0]), st, sc)
-                for a, b, k, sc, st in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
+                (
+                    t.start,
+                    t.end,
+                    None if t.track is None else case.who(shot.track(t.track).boxes[0]),
+                    t.status,
+                    t.score,
+                )
+                for t in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
             ]
             v = judge(case, [t[:4] for t in turns])
             truth = ", ".join(f"{a}-{b} {'none' if k is None else f'face {k}'}" for a, b, k in case.truth)

@@ -29,7 +29,6 @@ from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
-from tasks.perception.face_analysis import ShotFaces
 from tasks.render.backend import backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
@@ -269,8 +268,7 @@ def decide_speakers(
             if "plan_file" not in r or ex.path != "gate":
                 raise
             raise ConfigError(r["plan_file"], ex.problem) from ex
-        faces = d.details.get("faces")
-        agree = ShotFaces.from_dict(faces).mean_agreement() if faces else {}
+        agree = d.faces.mean_agreement() if d.faces is not None else {}
         out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"]),
                            "agreement": {str(k): v for k, v in agree.items()}}  # fmt: skip
         logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)

@@ -161,10 +161,10 @@ def judged(tmp_path_factory):
         case = CASES[name]
         info = probe(encode(root / f"{name.replace('/', '_')}.mp4", case.frames, case.audio))
         d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, CFG)
-        faces = ShotFaces.from_dict(d.details["faces"])
+        faces = d.faces
         turns = [
-            (a, b, None if k is None else case.who(faces.track(k).boxes[0]), st)
-            for a, b, k, _, st in speaker_turns(faces, CFG.speaker.uncertain, CFG.speaker.min_score)
+            (t.start, t.end, None if t.track is None else case.who(faces.track(t.track).boxes[0]), t.status)
+            for t in speaker_turns(faces, CFG.speaker.uncertain, CFG.speaker.min_score)
         ]
         out[name] = (case, faces, judge(case, turns))
     return out
