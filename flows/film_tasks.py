@@ -17,6 +17,7 @@ from typing import Any
 from prefect import task
 
 from flows.progress import artifact_key
+from flows.run_files import BadRunFile, read_run_file
 from flows.runtime import run_logger
 from flows.workspace import DONE, Workspace, film_fingerprint, open_workspace, stable_hash, verify_shot_done
 from tasks.config import PipelineConfig, load_config
@@ -24,7 +25,7 @@ from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_json, read_json
+from tasks.files import atomic_write_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
 from tasks.media.intermediates import IntermediateError
@@ -96,12 +97,30 @@ def find_shots(video: dict[str, Any], config: dict[str, Any], ws: dict[str, str]
     re-run skips detection."""
     cfg = PipelineConfig.from_dict(config)
     saved = Workspace.from_dict(ws).path / f"shots-{stable_hash([cfg.probe, cfg.shots], length=12)}.json"
-    if saved.exists():
-        return read_json(saved)
+    kept = read_run_file(saved, checked_shots)  # damaged: set aside (logged), detected again
+    if kept is not None:
+        return kept
     shots = detect_shots(VideoInfo.from_dict(video), cfg.shots)
     run_logger(log).info("%d shot(s): cuts at %s", len(shots.shots), [s.start_frame for s in shots.shots[1:]])
     atomic_write_json(saved, shots.to_dict())
     return shots.to_dict()
+
+
+def checked_shots(data: Any) -> dict[str, Any]:
+    """A saved shot partition, if it is one: shots 0..n-1 tiling [0, frame_count) (else BadRunFile)."""
+    shots = ShotList.from_dict(data)
+    edges = [(s.start_frame, s.end_frame) for s in shots.shots]
+    ok = bool(edges) and [s.index for s in shots.shots] == list(range(len(edges)))
+    ok = ok and edges[0][0] == 0 and edges[-1][1] == shots.frame_count and all(a < b for a, b in edges)
+    if not ok or any(edges[i][1] != edges[i + 1][0] for i in range(len(edges) - 1)):
+        raise BadRunFile("not a shot partition of the film (shots must tile its frames)")
+    return data
+
+
+def _mapping(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRunFile(f"a JSON {type(data).__name__}, not an object")
+    return data
 
 
 @task(task_run_name="audio {name}")
@@ -328,8 +347,9 @@ def assemble_film(
         }
     )
     stamp_path = Path(workdir) / "assembled.json"
-    if stamp_path.exists() and Path(out).is_file():
-        last, st = read_json(stamp_path), Path(out).stat()  # `last`: never shadow the `stamp` parameter
+    last = read_run_file(stamp_path, _mapping)  # `last`: never shadow the `stamp` parameter
+    if last is not None and Path(out).is_file():
+        st = Path(out).stat()
         if last.get("inputs") == inputs and [last.get("size"), last.get("mtime_ns")] == [
             st.st_size,
             st.st_mtime_ns,

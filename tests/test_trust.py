@@ -1,0 +1,147 @@
+"""Trust what is on disk (issue 26): markers bound to their place, damaged run files never a stuck
+state, inputs re-checked before assembling, long dub tracks refused from their header. Real files,
+real ffmpeg, the passthrough backend (a dry run: nothing is dubbed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.outputs import ROOTS_ENV
+from tasks.media.probe import probe
+from tests.media import decode_all, make_audio, make_clip
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    monkeypatch.setenv("DUBFLOW_OUT_DIR", str(tmp_path / "out"))
+
+
+@pytest.fixture
+def logged() -> list[str]:
+    """Messages of the flows/tasks loggers (Prefect may replace the root handlers that caplog uses)."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    for name in ("flows", "tasks"):
+        logging.getLogger(name).addHandler(handler)
+    yield lines
+    for name in ("flows", "tasks"):
+        logging.getLogger(name).removeHandler(handler)
+
+
+def config(tmp_path: Path, **extra) -> dict:
+    return {
+        "backend": {"name": "passthrough"},
+        "workspace": {"root": str(tmp_path / "ws")},
+        "plan": {"frame_num": 5, "motion_frames": 1},
+        "encode": {"preset": "veryfast"},
+        "qc": {"enabled": False},
+        **extra,
+    }
+
+
+def film(tmp_path: Path, name: str = "film", lengths=(10, 10, 10), seed: int = 0) -> tuple[Path, Path]:
+    src = make_clip(tmp_path / f"{name}.mp4", lengths, seed=seed)
+    return src, make_audio(tmp_path / f"{name}-dub.wav", probe(src).video_duration_s)
+
+
+def dub(src: Path, audio: Path, out: Path, cfg: dict, **kw) -> str:
+    from flows.dub_film import dub_film_inline
+
+    return dub_film_inline(str(src), str(audio), str(out), config=cfg, **kw)
+
+
+def ws_dir(tmp_path: Path, stem: str) -> Path:
+    return next(p for p in (tmp_path / "ws").iterdir() if p.name.startswith(f"{stem}-"))
+
+
+def attempts(ws: Path) -> list[tuple[int, str]]:
+    lines = (ws / "attempts.jsonl").read_text().splitlines()
+    return [(a["shot"], a["status"]) for a in map(json.loads, lines)]
+
+
+def shot_folder(ws: Path, index: int) -> Path:
+    return next((ws / "shots").glob(f"{index:04d}-*"))
+
+
+# ---------------------------------------------------------------------- class 1: markers in their place
+
+
+def test_a_valid_marker_in_the_wrong_place_is_not_trusted(tmp_path: Path, logged: list[str]):
+    cfg = config(tmp_path)
+    a_src, a_dub = film(tmp_path, "a")
+    b_src, b_dub = film(tmp_path, "b", seed=7)  # other pixels, same shot layout
+    first = decode_all(dub(a_src, a_dub, tmp_path / "a.out.mp4", cfg))
+    dub(b_src, b_dub, tmp_path / "b.out.mp4", cfg)
+    a, b = ws_dir(tmp_path, "a"), ws_dir(tmp_path, "b")
+    # shot 0: film b's marker copied in; shot 1: b's marker AND intermediate copied in; shot 2: a's own
+    # shot 1 marker copied over shot 2's (same film, wrong index and key)
+    shutil.copy(shot_folder(b, 0) / "done.json", shot_folder(a, 0) / "done.json")
+    shutil.copy(shot_folder(b, 1) / "done.json", shot_folder(a, 1) / "done.json")
+    shutil.copy(shot_folder(b, 1) / "shot.mkv", shot_folder(a, 1) / "shot.mkv")
+    shutil.copy(shot_folder(a, 1) / "done.json", shot_folder(a, 2) / "done.json")
+    (tmp_path / "a.out.mp4").unlink()
+    logged.clear()
+    assert np.array_equal(decode_all(dub(a_src, a_dub, tmp_path / "a.out.mp4", cfg)), first)
+    assert attempts(a)[3:] == [(0, "done"), (1, "done"), (2, "done")]  # all three rendered again
+    for i in range(3):
+        marker = str(shot_folder(a, i) / "done.json")
+        assert len([m for m in logged if marker in m and "copied from elsewhere" in m]) == 1, logged
+
+
+def test_a_chunk_marker_from_another_shot_is_not_trusted(tmp_path: Path):
+    from tasks.render.chunk_checkpoints import ChunkCheckpoints
+    from tests.media import run_ffmpeg
+
+    def segment(path: Path) -> None:
+        run_ffmpeg(["-f", "lavfi", "-i", "testsrc=size=32x32:rate=25", "-frames:v", "3", "-c:v", "ffv1",
+                    str(path)])  # fmt: skip
+
+    theirs = ChunkCheckpoints(tmp_path / "0001-aaaa" / "shot.chunks", 2)
+    theirs.folder.mkdir(parents=True)
+    segment(theirs.segment(0))
+    theirs.commit(0, 3, None)
+    assert theirs.resume()[0] == 1  # their own marker holds
+    ours = ChunkCheckpoints(tmp_path / "0002-bbbb" / "shot.chunks", 2)
+    ours.folder.mkdir(parents=True)
+    for name in ("chunk_0000.mkv", "chunk_0000.done"):
+        shutil.copy(theirs.folder / name, ours.folder / name)
+    assert ours.resume()[0] == 0  # copied from another shot's folder: computed again
+    assert not (ours.folder / "chunk_0000.done").exists()
+
+
+# ------------------------------------------------------------ class 2: damaged run files never jam a re-run
+
+
+def test_damaged_run_files_are_set_aside_and_rebuilt(tmp_path: Path, logged: list[str]):
+    cfg, (src, audio) = config(tmp_path), film(tmp_path)
+    out = tmp_path / "o.mp4"
+    first = decode_all(dub(src, audio, out, cfg))
+    ws = ws_dir(tmp_path, "film")
+    manifest, assembled = ws / "workspace.json", ws / "assembled.json"
+    (shots,) = ws.glob("shots-*.json")
+    manifest.write_bytes(b"\0" * manifest.stat().st_size)  # zero-filled (a crash of the file system)
+    assembled.write_bytes(assembled.read_bytes()[:20])  # truncated
+    shots.write_text("[]")  # JSON, but not a shot partition
+    logged.clear()
+    assert np.array_equal(decode_all(dub(src, audio, out, cfg)), first)
+    assert attempts(ws) == [(0, "done"), (1, "done"), (2, "done")]  # nothing rendered twice: markers held
+    for damaged in (manifest, assembled, shots):
+        assert len([m for m in logged if m.startswith(f"{damaged}: ") and "set aside" in m]) == 1, logged
+        assert len(list(ws.glob(f"{damaged.name}.bad-*"))) == 1
+    # a partition that does not tile the film (valid JSON, right keys) is not trusted either
+    shots.write_text(json.dumps({"fps": "24000/1001", "frame_count": 30,
+                                 "shots": [{"index": 0, "start_frame": 0, "end_frame": 12}]}))  # fmt: skip
+    assert np.array_equal(decode_all(dub(src, audio, out, cfg)), first)
+    assert len(list(ws.glob(f"{shots.name}.bad-*"))) == 2
+    assert (
+        json.loads(shots.read_text())["frame_count"] == 30
+        and len(json.loads(shots.read_text())["shots"]) == 3
+    )
