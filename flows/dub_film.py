@@ -66,10 +66,11 @@ from flows.film_tasks import (
     plan_characters,
     plan_shots,
     probe_source,
+    timeline_paths,
     workspace_root,
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
-from flows.outputs import check_overwrite, confine_output, output_comment
+from flows.outputs import claim_output, confine_output, output_comment
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_records, shot_rows, shot_timings
 from flows.run_lock import hold_lock
@@ -273,7 +274,7 @@ def run_pipeline(
     check_frame_size(source, video["width"], video["height"], cfg.encode.pix_fmt)
     ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root, name=name))
     ws = _lock_workspace(held, runner, ws, source, cfg)
-    check_overwrite(out, ws.key, overwrite)
+    dest = claim_output(held, out, ws.key, overwrite, timeline_paths(out, cfgd), str(flow_run.name or ""))
     shots = runner.call(find_shots, video, cfgd, ws.as_dict(), name=name)
     n, fps = shots["frame_count"], shots["fps"]
     if n != video["frame_count"]:
@@ -347,9 +348,21 @@ def run_pipeline(
     files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
     final = runner.call(
         assemble_film, video, paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
-        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None),
+        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None), dest=dest, key=ws.key,
     )  # fmt: skip
-    timeline = runner.call(export_timeline, final, source, video, records, rows, audio_path, cfgd, name=name)
+    timeline = runner.call(
+        export_timeline,
+        final,
+        source,
+        video,
+        records,
+        rows,
+        audio_path,
+        cfgd,
+        name=name,
+        dest=dest,
+        key=ws.key,
+    )
     per_stage = shot_timings(rows, ws, records)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)

@@ -28,6 +28,7 @@ from tasks.errors import ConfigError
 from tasks.files import atomic_write_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.media.deliver import Destination, deliver, staging
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import check_backend_options
@@ -326,8 +327,13 @@ def assemble_film(
     name: str = "",
     records: list[dict[str, Any] | None] | None = None,
     stamp: str | None = None,
+    dest: dict[str, Any] | None = None,
+    key: str = "",
 ) -> str:
     """Join the shots, encode once, mux the dubbed audio, write `out` atomically.
+
+    `dest`: the output folder and files as `flows.outputs.claim_output` found them (checked again
+    at the final rename); `key`: the workspace key the delivery record names.
 
     `records`: the shots' file records from their done markers, each verified before use (a shot
     that fails is marked not done, so a re-run renders it again). `stamp`: the output's container
@@ -368,6 +374,8 @@ def assemble_film(
             workdir=workdir,
             records=records,
             stamp=stamp,
+            dest=None if dest is None else Destination.from_dict(dest),
+            key=key,
         )
     except IntermediateError as exc:  # changed since it was verified: not done any more
         (Path(exc.path).parent / DONE).unlink(missing_ok=True)
@@ -391,6 +399,8 @@ def export_timeline(
     audio_path: str,
     config: dict[str, Any],
     name: str = "",
+    dest: dict[str, Any] | None = None,
+    key: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
     workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
@@ -407,9 +417,24 @@ def export_timeline(
     timeline = film_timeline(
         Path(source).stem, Fraction(video["fps"]), source, video["frame_count"], shots, audio_path, out
     )
-    path = write_timeline(Path(out).with_suffix(".otio"), timeline)
-    run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
     formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
-    for extra in write_extra_timelines(Path(out), timeline, formats):
+    if dest is None:
+        path = write_timeline(Path(out).with_suffix(".otio"), timeline)
+        extras = write_extra_timelines(Path(out), timeline, formats)
+    else:  # staged privately, then delivered like the film (never over a file dubflow did not write)
+        where = Destination.from_dict(dest)
+        with staging(where, Path(out).name) as folder:
+            staged = [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
+            staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
+            path, *extras = [deliver(where, f, f.name, key) for f in staged]
+    run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
+    for extra in extras:
         run_logger(log).info("edit-suite timeline %s", extra)
     return str(path)
+
+
+def timeline_paths(out: str, config: dict[str, Any]) -> list[str]:
+    """The edit-suite sidecars `export_timeline` writes next to `out` (`.otio`, then `.edl` / `.xml`)."""
+    cfg = PipelineConfig.from_dict(config)
+    suffixes = [".otio"] + [EXTRA_FORMATS[n][1] for n in EXTRA_FORMATS if getattr(cfg.timeline, n)]
+    return [str(Path(out).with_suffix(suffix)) for suffix in suffixes]

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flows.outputs import ROOTS_ENV
+from tasks.media.deliver import written_record
 from tasks.media.probe import probe
 from tests.media import decode_all, make_audio, make_clip
 
@@ -144,4 +148,101 @@ def test_damaged_run_files_are_set_aside_and_rebuilt(tmp_path: Path, logged: lis
     assert (
         json.loads(shots.read_text())["frame_count"] == 30
         and len(json.loads(shots.read_text())["shots"]) == 3
+    )
+
+
+# ---------------------------------------------------- class 3: no write escapes the output roots or clobbers
+
+
+def when_rendering(ws_root: Path, action) -> threading.Thread:
+    """Run `action` once the first shot of a run under `ws_root` is done (mid-run, after every start check)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while not list(ws_root.glob("*/attempts.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        action()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sidecars_never_replace_a_users_files_nor_follow_a_planted_symlink(tmp_path: Path, monkeypatch):
+    from tasks.errors import OutputError
+
+    films, outside = tmp_path / "films", tmp_path / "outside"
+    films.mkdir(), outside.mkdir()
+    monkeypatch.setenv(ROOTS_ENV, str(films))
+    src, audio = film(films)
+    cfg = config(tmp_path, timeline={"edl": True})
+    out = films / "o.mp4"
+    for name in ("o.otio", "o.edl"):  # the user's own files of those names
+        (films / name).write_text("my edit\n")
+        with pytest.raises(OutputError, match=rf"{name}: exists and was not written by dubflow"):
+            dub(src, audio, out, cfg)
+        assert (films / name).read_text() == "my edit\n" and not out.exists()  # refused before any work
+        (films / name).unlink()
+    for name in (".o.otio.tmp", ".o.edl.tmp", ".o.otio.dubflow.json"):  # planted at temp / record paths
+        (films / name).symlink_to(outside / f"victim-{name}")
+    dub(src, audio, out, cfg)
+    assert not list(outside.iterdir())  # nothing written through a symlink
+    first = (films / "o.otio").read_text()
+    assert dub(src, audio, out, {**cfg, "color": {"strength": 0.5}}) == str(out)  # dubflow's own: replaced
+    assert (films / "o.otio").read_text() != first and written_record(films / "o.otio") is not None
+    assert not list(films.glob(".o.mp4.dubflow-tmp-*"))  # no staging folder left
+
+
+def test_the_final_rename_checks_the_folder_and_the_file_again(tmp_path: Path, monkeypatch):
+    from tasks.errors import OutputError
+
+    films, outside = tmp_path / "films", tmp_path / "outside"
+    (films / "dest").mkdir(parents=True), outside.mkdir()
+    monkeypatch.setenv(ROOTS_ENV, str(films))
+    src, audio = film(films)
+    cfg, out = config(tmp_path), films / "dest" / "o.mp4"
+
+    def swap_folder() -> None:  # the output folder replaced by a symlink leading out of the roots
+        (films / "dest").rename(films / "dest.moved")
+        (films / "dest").symlink_to(outside)
+
+    watcher = when_rendering(tmp_path / "ws", swap_folder)
+    with pytest.raises(OutputError, match="output folder was replaced during the run"):
+        dub(src, audio, out, cfg)
+    watcher.join()
+    assert not list(outside.iterdir())  # nothing delivered outside the roots
+    (films / "dest").unlink()
+    (films / "dest.moved").rename(films / "dest")
+    shutil.rmtree(tmp_path / "ws")
+
+    watcher = when_rendering(tmp_path / "ws", lambda: out.write_text("created meanwhile\n"))
+    with pytest.raises(OutputError, match="a file was created at the output path during the run"):
+        dub(src, audio, out, cfg)
+    watcher.join()
+    assert out.read_text() == "created meanwhile\n"
+
+
+def test_two_films_with_the_same_out_never_clobber_each_other(tmp_path: Path):
+    from tasks.errors import DubflowError
+
+    cfg, out = config(tmp_path), tmp_path / "same.mp4"
+    films = [film(tmp_path, "a"), film(tmp_path, "b", seed=7)]
+    errors: list[Exception] = []
+
+    def run(src: Path, audio: Path) -> None:
+        try:
+            dub(src, audio, out, cfg)
+        except DubflowError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=f) for f in films]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 1, errors  # one delivered, the other refused with one line
+    assert re.search(r"same.mp4 is in use by pid \d+|another film or pass", str(errors[0])), errors
+    ok = decode_all(out)
+    assert any(
+        np.array_equal(ok, decode_all(dub(s, a, tmp_path / f"{s.stem}.ref.mp4", cfg))) for s, a in films
     )
