@@ -70,6 +70,7 @@ from flows.film_tasks import (
     workspace_root,
 )
 from flows.groups import GpuCost, ShotCost, plan_groups
+from flows.inputs import check_inputs_unchanged, input_identity
 from flows.outputs import claim_output, confine_output, output_comment
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_records, shot_rows, shot_timings
@@ -248,6 +249,7 @@ def run_pipeline(
     """
     t0 = time.monotonic()
     logger = run_logger(log)
+    noted = input_identity([source, audio, mix, plan, *(stems or {}).values()])  # checked before assembling
     cfg = PipelineConfig.from_dict(config)
     # every process of the run (group runs on other hosts too) sees the one resolved workspace root
     cfg = dataclasses.replace(
@@ -343,6 +345,7 @@ def run_pipeline(
             f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; first: {first}; re-run to resume",
         )
 
+    check_inputs_unchanged(noted)  # a source or dub replaced while shots rendered: nothing mixed
     audio_path, pad = (mix, mix_action == "pad") if mix else (audio, track.action == "pad")
     paths = [r["output"] for r in rows]
     files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]

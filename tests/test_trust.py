@@ -246,3 +246,32 @@ def test_two_films_with_the_same_out_never_clobber_each_other(tmp_path: Path):
     assert any(
         np.array_equal(ok, decode_all(dub(s, a, tmp_path / f"{s.stem}.ref.mp4", cfg))) for s, a in films
     )
+
+
+# --------------------------------------------------------- class 4: inputs replaced while the shots render
+
+
+@pytest.mark.parametrize("which", ["dub", "source"])
+def test_an_input_replaced_mid_run_stops_the_run_before_assembling(tmp_path: Path, which: str):
+    from flows.inputs import InputChanged
+
+    cfg, (src, audio) = config(tmp_path), film(tmp_path)
+    out = tmp_path / "o.mp4"
+    target = audio if which == "dub" else src
+
+    def replace() -> None:  # another take of the same length, moved into place (a new inode)
+        other = tmp_path / f"other{target.suffix}"
+        if which == "dub":
+            make_audio(other, probe(src).video_duration_s, rate=22050)
+        else:
+            make_clip(other, (10, 10, 10), seed=3)
+        other.replace(target)
+
+    watcher = when_rendering(tmp_path / "ws", replace)
+    with pytest.raises(
+        InputChanged, match=rf"{target.name}: changed during the run \(.*\): nothing assembled"
+    ):
+        dub(src, audio, out, cfg)
+    watcher.join()
+    assert not out.exists()
+    assert probe(dub(src, audio, out, cfg)).frame_count == 30  # a re-run dubs the file as it is now
