@@ -4,16 +4,21 @@ real ffmpeg, the passthrough backend (a dry run: nothing is dubbed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 from flows.outputs import ROOTS_ENV
 from tasks.media.deliver import written_record
@@ -275,3 +280,107 @@ def test_an_input_replaced_mid_run_stops_the_run_before_assembling(tmp_path: Pat
     watcher.join()
     assert not out.exists()
     assert probe(dub(src, audio, out, cfg)).frame_count == 30  # a re-run dubs the file as it is now
+
+
+# ------------------------------------------------------------------ class 6: a kill during the final encode
+
+
+def _ffmpeg_writing(folder: Path, marker: str) -> list[int]:
+    """Pids of live (not zombie) ffmpeg final encodes whose command line names `marker` under `folder`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if "ffmpeg" in cmd and "concat" in cmd and marker in cmd and str(folder) in cmd and state != "Z":
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_run_killed_in_its_final_encode_leaves_no_ffmpeg_and_no_temp(tmp_path: Path):
+    src = make_clip(tmp_path / "film.mp4", (40, 40, 40), size=(640, 360))
+    audio = make_audio(tmp_path / "dub.wav", probe(src).video_duration_s)
+    cfg, out = config(tmp_path), tmp_path / "o.mp4"
+    before = dub(src, audio, out, cfg)
+    old = Path(before).read_bytes()
+    slow = {**cfg, "encode": {"preset": "veryslow", "crf": 10}}  # another encode: the output is re-encoded
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys\nfrom flows.dub_film import dub_film_inline\n"
+        f"dub_film_inline({str(src)!r}, {str(audio)!r}, {str(out)!r}, config=json.loads(sys.argv[1]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, str(script), json.dumps(slow)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline, pids = time.monotonic() + 180, []
+        while not pids and child.poll() is None and time.monotonic() < deadline:
+            pids = _ffmpeg_writing(tmp_path, ".o.mp4.dubflow-tmp-")
+            time.sleep(0.005)
+        assert pids, "the final encode was not seen"
+        child.kill()  # SIGKILL: no finally, no clean-up in the run itself
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    time.sleep(0.5)  # the encode alone takes seconds: an orphaned encoder would still be writing
+    assert not _ffmpeg_writing(tmp_path, ".o.mp4.dubflow-tmp-")  # the encoder died with its parent
+    assert out.read_bytes() == old  # the old output is intact
+    assert list(tmp_path.glob(".o.mp4.dubflow-tmp-*"))  # what the killed run left
+    assert dub(src, audio, out, slow) == str(out)  # the next run of that output cleans it up
+    assert not list(tmp_path.glob(".o.mp4.dubflow-tmp-*")) and out.read_bytes() != old
+
+
+# ------------------------------------------------------ class 5: a 10-hour dub track is refused from its header
+
+
+def _silent_wav(path: Path, seconds: int, rate: int = 16000) -> Path:
+    """A 16-bit mono WAV of `seconds` of silence, written sparse (a 10-hour track costs no disk)."""
+    data = seconds * rate * 2
+    header = b"RIFF" + (36 + data).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+    header += (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + rate.to_bytes(4, "little")
+    header += (rate * 2).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+    with path.open("wb") as fh:
+        fh.write(header + b"data" + data.to_bytes(4, "little"))
+        fh.truncate(44 + data)
+    return path
+
+
+def test_a_ten_hour_dub_track_is_refused_from_its_header_and_trimmed_streaming(tmp_path: Path):
+    import tracemalloc
+    from fractions import Fraction
+
+    from tasks.config import load_config
+    from tasks.errors import AudioLengthError
+    from tasks.media.audio import check_mix, prepare_dialogue
+
+    long = _silent_wav(tmp_path / "ten-hours.wav", 10 * 3600)
+    fps, frames = Fraction(24000, 1001), 720  # a 30 s picture
+    cfg = load_config().audio
+    wav = tmp_path / "dialogue.wav"
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            AudioLengthError, match=r"ten-hours.wav: audio is 36000.000 s by its header.*before decoding"
+        ):
+            prepare_dialogue(long, frame_count=frames, fps=fps, cfg=cfg, out_wav=wav)
+        with pytest.raises(AudioLengthError, match="by its header"):
+            check_mix(long, frame_count=frames, fps=fps, policy="error")
+        assert not wav.exists()
+        trim = dataclasses.replace(cfg, length_policy="trim")
+        track = prepare_dialogue(long, frame_count=frames, fps=fps, cfg=trim, out_wav=wav)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert track.action == "trim" and track.n_samples == 480480  # 720 frames at 24000/1001, 16 kHz
+    assert sf.info(str(wav)).frames == 480480
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced: the track was not streamed"  # whole: 2.3 GB
+    # a track of the right length still passes, and a short one pads as before
+    ok = make_audio(tmp_path / "ok.wav", float(frames / fps))
+    assert prepare_dialogue(ok, frame_count=frames, fps=fps, cfg=cfg, out_wav=wav).action == "ok"
+    assert np.abs(sf.read(str(wav))[0] - sf.read(str(ok))[0]).max() < 1e-4
+    short = make_audio(tmp_path / "short.wav", 29.0)
+    pad = dataclasses.replace(cfg, length_policy="pad")
+    assert prepare_dialogue(short, frame_count=frames, fps=fps, cfg=pad, out_wav=wav).n_samples == 480480
