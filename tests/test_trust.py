@@ -384,3 +384,24 @@ def test_a_ten_hour_dub_track_is_refused_from_its_header_and_trimmed_streaming(t
     short = make_audio(tmp_path / "short.wav", 29.0)
     pad = dataclasses.replace(cfg, length_policy="pad")
     assert prepare_dialogue(short, frame_count=frames, fps=fps, cfg=pad, out_wav=wav).n_samples == 480480
+
+
+# ---------------------------------------------------------- class 8: VFR with duplicate timestamps
+
+
+def test_vfr_with_duplicate_timestamps_keeps_its_real_duration(tmp_path: Path):
+    from tests.media import run_ffmpeg, shot_frames
+
+    frames = shot_frames((20, 20))
+    src = tmp_path / "dup.mkv"  # every 4th frame shares the timestamp of the one before (mkv keeps both)
+    run_ffmpeg(["-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "128x72", "-framerate", "24", "-i", "-",
+                "-vf", "setpts='(N-floor(N/4))/24/TB'", "-fps_mode", "passthrough", "-c:v", "libx264",
+                "-bf", "0", "-pix_fmt", "yuv420p", str(src)], frames.tobytes())  # fmt: skip
+    info = probe(src)
+    real = 31 / 24  # 31 distinct timestamps 1/24 s apart: what a player shows of the 40 frames
+    assert info.frame_count == 40 and info.vfr
+    assert abs(info.video_duration_s - real) < 0.002, (info.fps, info.video_duration_s)
+    audio = make_audio(tmp_path / "dub.wav", real)  # a dub of the right length is accepted as it is
+    out = dub(src, audio, tmp_path / "o.mp4", config(tmp_path))
+    got = probe(out)
+    assert got.frame_count == 40 and abs(got.video_duration_s - real) < 0.01  # not slowed down
