@@ -88,6 +88,7 @@ from flows.workspace import (
     shot_done,
     stable_hash,
 )
+from flows.workspace_roots import confine_workspace_root
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import CastPlan, cast_active, check_cast, plan_names
 from tasks.decision.stems import parse_stems
@@ -119,6 +120,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     Ends Failed naming its failed shots; a Retry of this run redoes only those (the others are Cached).
     """
     workspace = Workspace.from_dict(ws)
+    confine_workspace_root(workspace.root, film["source"])  # `ws` is a run parameter too
     backends = BackendSlot.for_config(film["config"])
     where = where_am_i()
     get_run_logger().info("%d shot(s) on %s", len(shots), where)
@@ -252,9 +254,8 @@ def run_pipeline(
     noted = input_identity([source, audio, mix, plan, *(stems or {}).values()])  # checked before assembling
     cfg = PipelineConfig.from_dict(config)
     # every process of the run (group runs on other hosts too) sees the one resolved workspace root
-    cfg = dataclasses.replace(
-        cfg, workspace=dataclasses.replace(cfg.workspace, root=str(Path(workspace_root(cfg)).resolve()))
-    )
+    root = confine_workspace_root(workspace_root(cfg), source)  # a run parameter: confined like `out`
+    cfg = dataclasses.replace(cfg, workspace=dataclasses.replace(cfg.workspace, root=str(root)))
     cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)

@@ -405,3 +405,41 @@ def test_vfr_with_duplicate_timestamps_keeps_its_real_duration(tmp_path: Path):
     out = dub(src, audio, tmp_path / "o.mp4", config(tmp_path))
     got = probe(out)
     assert got.frame_count == 40 and abs(got.video_duration_s - real) < 0.01  # not slowed down
+
+
+# ------------------------------------------------- class 9: a run parameter cannot move the workspace anywhere
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_workspace_root_from_run_parameters_is_confined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from flows.dub_film import dub_film, dub_group
+    from flows.workspace_roots import WS_ROOTS_ENV
+
+    monkeypatch.delenv(
+        WS_ROOTS_ENV, raising=False
+    )  # the default roots: ./workspace, $DUBFLOW_WORKSPACE, film's folder
+    monkeypatch.delenv("DUBFLOW_WORKSPACE", raising=False)
+    films, elsewhere = tmp_path / "films", tmp_path / "elsewhere"
+    films.mkdir()
+    src, audio = film(films, lengths=(10,))
+    cfg = {**config(tmp_path), "workspace": {"root": str(elsewhere / "ws")}}
+    state = dub_film(
+        str(src), str(audio), str(films / "o.mp4"), config=cfg, fanout="local", return_state=True
+    )
+    assert state.is_failed()
+    with pytest.raises(
+        Exception, match=r"^workspace.root: .*outside the workspace roots .*DUBFLOW_WORKSPACE_ROOTS"
+    ):
+        state.result()
+    ws = {"root": str(elsewhere), "key": "film-0123456789abcdef", "incarnation": "0123456789ab"}
+    state = dub_group(
+        ws, {"source": str(src), "config": cfg}, [], return_state=True
+    )  # the group's own parameter
+    assert state.is_failed() and "outside the workspace roots" in str(state.result(raise_on_failure=False))
+    assert not elsewhere.exists()  # nothing was created there
+    monkeypatch.setenv(WS_ROOTS_ENV, str(elsewhere))  # the host allows it
+    assert (
+        probe(dub_film(str(src), str(audio), str(films / "o.mp4"), config=cfg, fanout="local")).frame_count
+        == 10
+    )
+    assert list((elsewhere / "ws").glob("film-*/workspace.json"))
