@@ -69,6 +69,7 @@ from flows.film_tasks import (
     timeline_paths,
     workspace_root,
 )
+from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
 from flows.groups import GpuCost, ShotCost, plan_groups
 from flows.inputs import check_inputs_unchanged, input_identity
 from flows.outputs import claim_output, confine_output, output_comment
@@ -136,7 +137,10 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     prepare = functools.partial(
         prepare_one_shot, workspace, film, backends=BackendSlot.for_config(film["config"])
     )
-    failed = render_group(workspace, shots, run_shot, prepare)
+    with hold_lock(
+        group_lock_path(workspace, shots), f"group of shots {shots[0]['index']:04d}-{shots[-1]['index']:04d}"
+    ):
+        failed = render_group(workspace, shots, run_shot, prepare)  # the lock: this group is alive
     if failed:
         first = next(iter(failed.items()))
         raise ShotsFailed(
@@ -153,7 +157,15 @@ def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     return f"dubflow-{ws.key}-{ws.incarnation}-group-{keys}"
 
 
-@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json")
+def _retry_lost(_task: Any, _run: Any, state: Any) -> bool:
+    """Retry `run_group` only when its group was lost (a dead worker), never for failed shots."""
+    return isinstance(state.result(raise_on_failure=False), GroupLost)
+
+
+@task(
+    task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json",
+    retries=1, retry_condition_fn=_retry_lost,
+)  # fmt: skip
 def run_group(
     ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, Any]], name: str, fanout: str
 ) -> dict[str, Any]:
@@ -165,7 +177,7 @@ def run_group(
     workspace = Workspace.from_dict(ws)
     if all(shot_done(workspace, s["index"], s["key"]) for s in shots):
         return group_report(workspace, shots)
-    started = datetime.now(UTC).isoformat(timespec="seconds")
+    started, lost = datetime.now(UTC).isoformat(timespec="seconds"), False
     if fanout == "deployments":
         child = run_deployment(
             GROUP_DEPLOYMENT,
@@ -178,9 +190,13 @@ def run_group(
             child = await_child(
                 child.id, name=name, pool=GPU_POOL,
                 unscheduled_timeout_s=film["config"]["checks"]["unscheduled_timeout_s"],
+                outage_s=film["config"]["checks"]["api_outage_s"],
             )  # fmt: skip
             outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
             ok = child.state.is_completed()
+            if not ok and child.state.is_crashed():  # e.g. marked by the heartbeat watch in an outage
+                ok = outlived_crash(workspace, shots, child, name)
+                lost = not ok
         except ChildNotStarted as exc:
             outcome, ok = exc.problem, False
     else:
@@ -193,6 +209,10 @@ def run_group(
             record = read_shot_failed(workspace, index, key)
             if record is None or str(record.get("failed", "")) < started:
                 mark_shot_failed(workspace, index, key, f"{name}: {outcome}")
+        if lost:
+            raise GroupLost(
+                None, f"{name}: {outcome} and its process is gone; shots not done: {report['failed']}"
+            )
         raise RuntimeError(f"{name}: {outcome}; shots not done: {report['failed']}")
     return report
 
