@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +97,29 @@ def _started(ws_root: Path, timeout_s: float = 1800) -> float:
 
 
 def _restart_server(stack: Stack, outage_s: float, log: list[dict[str, Any]]) -> None:
-    pid = stack.pid_files()["server"]
+    """SIGTERM the server, keep it down `outage_s`, start it again with the same command line (its
+    pid file updated, so the stack's teardown stops the new one)."""
+    (pid_file,) = stack.home.glob("run/*/server.pid")
+    pid = int(pid_file.read_text())
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     t0 = time.monotonic()
     os.kill(pid, signal.SIGTERM)
     while _alive(pid) and time.monotonic() - t0 < 60:
         time.sleep(0.2)
     time.sleep(max(0.0, outage_s - (time.monotonic() - t0)))
-    stack.sh("start", timeout=900)  # restarts only what is down (the server); pools and deployments kept
+    (log_file,) = stack.home.glob("logs/*/server.log")
+    with log_file.open("ab") as sink:
+        proc = subprocess.Popen([a.decode() for a in argv], cwd=stack.project, env=stack.env, stdout=sink,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    pid_file.write_text(f"{proc.pid}\n")
+    health = stack.api_url.rstrip("/") + "/health"
+    while time.monotonic() - t0 < 600:
+        try:
+            with urllib.request.urlopen(health, timeout=3) as answer:
+                if answer.read().strip() == b"true":
+                    break
+        except OSError:
+            time.sleep(0.5)
     log.append({"event": "server restarted", "down_s": round(time.monotonic() - t0, 1)})
 
 

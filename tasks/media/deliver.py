@@ -2,7 +2,8 @@
 planted symlink, never into a folder or over a file swapped during the run.
 
 * What dubflow wrote is *recorded*: next to each delivered file ``<name>``, ``.<name>.dubflow.json``
-  holds its size and SHA-256 and the workspace key that wrote it (`written_record`). A file is "a
+  holds its size and SHA-256 and the workspace key that wrote it (`written_record`; a file with the
+  recorded inode, size and mtime is not hashed again: any write moves the mtime). A file is "a
   dubflow output" only while its bytes still match that record: a stream-copied cut of an output, an
   edited one or any other file at that name is not, whatever its tags say.
 * Files are written in a private staging folder (``.<output name>.dubflow-tmp-<random>``, mode 0700,
@@ -70,9 +71,16 @@ def written_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     try:
-        if not isinstance(record, dict) or not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not isinstance(record, dict) or not stat.S_ISREG(st.st_mode):
             return None
-        size = os.fstat(fd).st_size
+        size = st.st_size
+        if [record.get("size"), record.get("inode"), record.get("mtime_ns")] == [
+            size,
+            st.st_ino,
+            st.st_mtime_ns,
+        ]:
+            return record  # the very file delivered, untouched since (any write moves its mtime)
         wanted = [record, record.get("previous") or {}]
         if not any(w.get("size") == size for w in wanted):
             return None
@@ -194,11 +202,12 @@ def deliver(dest: Destination, staged: Path, name: str, key: str) -> Path:
             file_fd = os.open(staged.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=src_fd)
             try:
                 size, digest = _digest(file_fd)
+                st = os.fstat(file_fd)  # a rename keeps the inode and the mtime
             finally:
                 os.close(file_fd)
             previous = written_record(target) if now is not None else None
-            record = {"file": name, "size": size, "sha256": digest, "key": key,
-                      "written": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+            record = {"file": name, "size": size, "sha256": digest, "key": key, "inode": st.st_ino,
+                      "mtime_ns": st.st_mtime_ns, "written": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
             prev = {k: previous[k] for k in ("size", "sha256")} if previous else None
             _put_record(fd, src_fd, name, {**record, "previous": prev})  # a crash here: either file matches
             os.replace(staged.name, name, src_dir_fd=src_fd, dst_dir_fd=fd)
