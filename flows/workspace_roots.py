@@ -3,9 +3,9 @@
 `workspace.root` arrives in the run's config, which anyone who reaches the Prefect API can set (a
 deployment parameter, or a `dub-group` run's `ws`), and workers write gigabytes under it. So the
 root, fully resolved (``..`` and symlinks), must lie under a workspace root of the host running the
-flow, never named by a run parameter: ``DUBFLOW_WORKSPACE_ROOTS`` (paths separated by ``os.pathsep``)
-or, when unset, the default root (``workspace.root`` of ``configs/default.yaml``, resolved in the
-working folder), ``$DUBFLOW_WORKSPACE`` when set, and the source's folder. No Prefect here.
+flow, never named by a run parameter: the default root (``workspace.root`` of ``configs/default.yaml``,
+resolved in the working folder) and ``$DUBFLOW_WORKSPACE`` when set, plus ``DUBFLOW_WORKSPACE_ROOTS``
+(paths separated by ``os.pathsep``) or, when that is unset, the source's folder. No Prefect here.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ WS_ROOTS_ENV = "DUBFLOW_WORKSPACE_ROOTS"
 
 def workspace_roots(source: str | os.PathLike[str]) -> list[Path]:
     """The folders workspaces may live under (resolved)."""
-    configured = [p for p in os.environ.get(WS_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    if configured:
-        return [Path(p).expanduser().resolve() for p in configured]
-    roots = [Path(load_config().workspace.root).expanduser().resolve()]
+    roots = [Path(load_config().workspace.root).expanduser().resolve()]  # the host's own settings
     shared = os.environ.get("DUBFLOW_WORKSPACE", "").strip()
     if shared:
         roots.append(Path(shared).expanduser().resolve())
+    configured = [p for p in os.environ.get(WS_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    if configured:
+        return [*roots, *(Path(p).expanduser().resolve() for p in configured)]
     return [*roots, Path(source).expanduser().resolve().parent]
 
 
