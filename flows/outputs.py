@@ -121,10 +121,16 @@ def claim_output(
     path = Path(out)
     lock = path.with_name(f".{path.name}.dubflow.lock")
     held.enter_context(hold_lock(lock, f"output {path}", run=run))  # another film at the same out: fails
+    held.callback(_unlink_quietly, lock)  # removed while still held (a waiter then locks a fresh file)
     clean_stale(path.parent, path.name)
     for target in (path, *map(Path, sidecars)):
         check_overwrite(target, key, overwrite)
     return destination([path, *map(Path, sidecars)]).to_dict()
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def output_stamp(key: str) -> str:

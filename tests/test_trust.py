@@ -196,6 +196,7 @@ def test_sidecars_never_replace_a_users_files_nor_follow_a_planted_symlink(tmp_p
     assert dub(src, audio, out, {**cfg, "color": {"strength": 0.5}}) == str(out)  # dubflow's own: replaced
     assert (films / "o.otio").read_text() != first and written_record(films / "o.otio") is not None
     assert not list(films.glob(".o.mp4.dubflow-tmp-*"))  # no staging folder left
+    assert not (films / ".o.mp4.dubflow.lock").exists()  # the output's lock is removed with the run
 
 
 def test_the_final_rename_checks_the_folder_and_the_file_again(tmp_path: Path, monkeypatch):
