@@ -25,17 +25,43 @@ class ChildNotStarted(DubflowError):
 
 
 def await_child(
-    child_id: UUID, *, name: str, pool: str, unscheduled_timeout_s: float, poll_s: float = 2.0
+    child_id: UUID,
+    *,
+    name: str,
+    pool: str,
+    unscheduled_timeout_s: float,
+    poll_s: float = 2.0,
+    outage_s: float = 900.0,
 ) -> Any:
-    """The child flow run once it is final; `ChildNotStarted` (child cancelled) if never started in time."""
+    """The child flow run once it is final; `ChildNotStarted` (child cancelled) if never started in time.
+
+    An API that cannot be reached (a server restart or outage) is waited out with a growing poll
+    interval (up to 30 s), one log line when it goes away and one when it is back; only an outage
+    longer than `outage_s` (``checks.api_outage_s``) raises.
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
     waited_since = time.monotonic()
+    away_since: float | None = None
     with get_client(sync_client=True) as client:
         while True:
-            run = client.read_flow_run(child_id)
+            try:
+                run = client.read_flow_run(child_id)
+            except Exception as exc:  # the API is away: wait it out, up to outage_s
+                now = time.monotonic()
+                if away_since is None:
+                    away_since = now
+                    log.warning("%s: the Prefect API cannot be reached (%s); waiting up to %.0f s",
+                                name, type(exc).__name__, outage_s)  # fmt: skip
+                if now - away_since > outage_s:
+                    raise
+                time.sleep(min(30.0, max(poll_s, (now - away_since) / 4)))  # backoff
+                continue
+            if away_since is not None:
+                log.info("%s: the Prefect API is back after %.0f s", name, time.monotonic() - away_since)
+                away_since, waited_since = None, time.monotonic()  # an outage is not time unscheduled
             state = run.state
             if state is not None and state.is_final():
                 return run

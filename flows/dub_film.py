@@ -59,11 +59,14 @@ from flows.film_tasks import (
     film_tag,
     workspace_root,
 )
+from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
 from flows.groups import GpuCost, ShotCost, plan_groups
+from flows.inputs import check_inputs_unchanged, input_identity
 from flows.outputs import confine_output, output_comment
 from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
+from flows.run_lock import hold_lock
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot
@@ -75,6 +78,7 @@ from flows.workspace import (
     shot_done,
     stable_hash,
 )
+from flows.workspace_roots import confine_workspace_root
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
@@ -105,6 +109,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     Ends Failed naming its failed shots; a Retry of this run redoes only those (the others are Cached).
     """
     workspace = Workspace.from_dict(ws)
+    confine_workspace_root(workspace.root, film["source"])  # `ws` is a run parameter too
     backends = BackendSlot.for_config(film["config"])
     where = where_am_i()
     get_run_logger().info("%d shot(s) on %s", len(shots), where)
@@ -120,7 +125,10 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     prepare = functools.partial(
         prepare_one_shot, workspace, film, backends=BackendSlot.for_config(film["config"])
     )
-    failed = render_group(workspace, shots, run_shot, prepare)
+    with hold_lock(
+        group_lock_path(workspace, shots), f"group of shots {shots[0]['index']:04d}-{shots[-1]['index']:04d}"
+    ):
+        failed = render_group(workspace, shots, run_shot, prepare)  # the lock: this group is alive
     if failed:
         first = next(iter(failed.items()))
         raise ShotsFailed(
@@ -137,7 +145,15 @@ def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     return f"dubflow-{ws.key}-{ws.incarnation}-group-{keys}"
 
 
-@task(task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json")
+def _retry_lost(_task: Any, _run: Any, state: Any) -> bool:
+    """Retry `run_group` only when its group was lost (a dead worker), never for failed shots."""
+    return isinstance(state.result(raise_on_failure=False), GroupLost)
+
+
+@task(
+    task_run_name="{name}", cache_key_fn=_group_cache_key, persist_result=True, result_serializer="json",
+    retries=1, retry_condition_fn=_retry_lost,
+)  # fmt: skip
 def run_group(
     ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, Any]], name: str, fanout: str
 ) -> dict[str, Any]:
@@ -149,7 +165,7 @@ def run_group(
     workspace = Workspace.from_dict(ws)
     if all(shot_done(workspace, s["index"], s["key"]) for s in shots):
         return group_report(workspace, shots)
-    started = datetime.now(UTC).isoformat(timespec="seconds")
+    started, lost = datetime.now(UTC).isoformat(timespec="seconds"), False
     if fanout == "deployments":
         child = run_deployment(
             GROUP_DEPLOYMENT,
@@ -162,9 +178,13 @@ def run_group(
             child = await_child(
                 child.id, name=name, pool=GPU_POOL,
                 unscheduled_timeout_s=film["config"]["checks"]["unscheduled_timeout_s"],
+                outage_s=film["config"]["checks"]["api_outage_s"],
             )  # fmt: skip
             outcome = f"child run {child.name} ({child.id}) ended {child.state.name}"
             ok = child.state.is_completed()
+            if not ok and child.state.is_crashed():  # e.g. marked by the heartbeat watch in an outage
+                ok = outlived_crash(workspace, shots, child, name)
+                lost = not ok
         except ChildNotStarted as exc:
             outcome, ok = exc.problem, False
     else:
@@ -177,6 +197,10 @@ def run_group(
             record = read_shot_failed(workspace, index, key)
             if record is None or str(record.get("failed", "")) < started:
                 mark_shot_failed(workspace, index, key, f"{name}: {outcome}")
+        if lost:
+            raise GroupLost(
+                None, f"{name}: {outcome} and its process is gone; shots not done: {report['failed']}"
+            )
         raise RuntimeError(f"{name}: {outcome}; shots not done: {report['failed']}")
     return report
 
@@ -220,6 +244,7 @@ def run_pipeline(
     waits, `checks.lock_wait_s`).
     """
     t0 = time.monotonic()
+    noted = input_identity([source, audio, mix, plan, *(stems or {}).values()])  # checked before assembling
     cfg, out, stems = _checked(source, audio, out, mix, config, plan, stems)
     steps = FlowSteps(runner, cfg, source, out, overwrite, held, mix)
     needs_gpu = cfg.backend.name != "passthrough"
@@ -233,7 +258,8 @@ def run_pipeline(
     rendered = render_groups(runner, steps.ws, film, prepared.records, cfg)
     t_rendered = time.monotonic()
     audio_path, pad = (mix, steps.mix_action == "pad") if mix else (audio, prepared.track.action == "pad")
-    final = deliver(runner, steps.ws, film, prepared.records, rendered, out, audio_path, pad, cfg)
+    check_inputs_unchanged(noted)  # a source or dub replaced while shots rendered: nothing mixed
+    final = deliver(runner, steps.ws, film, prepared.records, rendered, out, audio_path, pad, cfg, steps.dest)
     t_end = time.monotonic()
     timings = {
         "prepare (probe, shots, audio, plan)": t_prepared - t0,
@@ -254,9 +280,8 @@ def _checked(
     """Before any work: the config (with the plan's character names), the output path, the cast, the backend."""
     cfg = PipelineConfig.from_dict(config)
     # every process of the run (group runs on other hosts too) sees the one resolved workspace root
-    cfg = dataclasses.replace(
-        cfg, workspace=dataclasses.replace(cfg.workspace, root=str(Path(workspace_root(cfg)).resolve()))
-    )
+    root = confine_workspace_root(workspace_root(cfg), source)  # a run parameter: confined like `out`
+    cfg = dataclasses.replace(cfg, workspace=dataclasses.replace(cfg.workspace, root=str(root)))
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
     check_config(cfg)
@@ -329,19 +354,20 @@ def render_groups(
 
 def deliver(
     runner: Any, ws: Workspace, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
-    out: str, audio_path: str, pad: bool, cfg: PipelineConfig,
+    out: str, audio_path: str, pad: bool, cfg: PipelineConfig, dest: Any = None,
 ) -> dict[str, str]:  # fmt: skip
     """The film assembled from the verified shot results, its edit-suite timeline, the workspace removed
-    when `workspace.keep` is off: {"output", "timeline"}."""
+    when `workspace.keep` is off: {"output", "timeline"}. `dest`: the claimed output
+    (`flows.outputs.claim_output`), re-checked at each final rename."""
     name, cfgd, rows = Path(film["source"]).name, film["config"], rendered.rows
     paths = [r["output"] for r in rows]
     files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
     final = runner.call(
         assemble_film, film["video"], paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
-        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None),
+        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None), dest=dest, key=ws.key,
     )  # fmt: skip
     args = (final, film["source"], film["video"], records, rows, audio_path, cfgd)
-    timeline = runner.call(export_timeline, *args, name=name)
+    timeline = runner.call(export_timeline, *args, name=name, dest=dest, key=ws.key)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
     return {"output": final, "timeline": timeline}

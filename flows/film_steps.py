@@ -26,8 +26,9 @@ from flows.film_tasks import (
     plan_characters,
     plan_shots,
     probe_source,
+    timeline_paths,
 )
-from flows.outputs import check_overwrite
+from flows.outputs import claim_output
 from flows.run_lock import hold_lock
 from flows.workspace import MANIFEST, RUN_LOCK, Workspace
 from tasks.config import PipelineConfig
@@ -66,6 +67,7 @@ class FlowSteps:
     ws: Workspace | None = None
     video: dict[str, Any] | None = None
     mix_action: str | None = None  # the final mix's length check ('ok', 'pad', 'trim')
+    dest: Any = None  # the claimed output (`flows.outputs.claim_output`), set by `open`
 
     def __post_init__(self) -> None:
         self.cfgd, self.name = self.cfg.to_dict(), Path(self.source).name
@@ -80,7 +82,10 @@ class FlowSteps:
         args = (self.source, self.cfgd, self.cfg.workspace.root)
         ws = Workspace.from_dict(self.runner.call(open_film_workspace, *args, name=self.name))
         self.ws, self.video = _lock_workspace(self.held, self.runner, ws, self.source, self.cfg), video
-        check_overwrite(self.out, self.ws.key, self.overwrite)
+        self.dest = claim_output(
+            self.held, self.out, self.ws.key, self.overwrite, timeline_paths(self.out, self.cfgd),
+            str(flow_run.name or ""),
+        )  # fmt: skip
 
     def shots(self, video: dict[str, Any]) -> dict[str, Any]:
         return self.runner.call(find_shots, video, self.cfgd, self._ws.as_dict(), name=self.name)

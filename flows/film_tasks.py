@@ -17,6 +17,7 @@ from typing import Any
 from prefect import task
 
 from flows.progress import artifact_key
+from flows.run_files import BadRunFile, read_run_file
 from flows.runtime import run_logger
 from flows.workspace import DONE, Workspace, film_fingerprint, open_workspace, stable_hash, verify_shot_done
 from tasks.config import PipelineConfig, load_config
@@ -24,9 +25,10 @@ from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_json, read_json
+from tasks.files import atomic_write_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.media.deliver import Destination, deliver, staging
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import backend_weights_identity, check_backend_options
@@ -96,12 +98,30 @@ def find_shots(video: dict[str, Any], config: dict[str, Any], ws: dict[str, str]
     re-run skips detection."""
     cfg = PipelineConfig.from_dict(config)
     saved = Workspace.from_dict(ws).path / f"shots-{stable_hash([cfg.probe, cfg.shots], length=12)}.json"
-    if saved.exists():
-        return read_json(saved)
+    kept = read_run_file(saved, checked_shots)  # damaged: set aside (logged), detected again
+    if kept is not None:
+        return kept
     shots = detect_shots(VideoInfo.from_dict(video), cfg.shots)
     run_logger(log).info("%d shot(s): cuts at %s", len(shots.shots), [s.start_frame for s in shots.shots[1:]])
     atomic_write_json(saved, shots.to_dict())
     return shots.to_dict()
+
+
+def checked_shots(data: Any) -> dict[str, Any]:
+    """A saved shot partition, if it is one: shots 0..n-1 tiling [0, frame_count) (else BadRunFile)."""
+    shots = ShotList.from_dict(data)
+    edges = [(s.start_frame, s.end_frame) for s in shots.shots]
+    ok = bool(edges) and [s.index for s in shots.shots] == list(range(len(edges)))
+    ok = ok and edges[0][0] == 0 and edges[-1][1] == shots.frame_count and all(a < b for a, b in edges)
+    if not ok or any(edges[i][1] != edges[i + 1][0] for i in range(len(edges) - 1)):
+        raise BadRunFile("not a shot partition of the film (shots must tile its frames)")
+    return data
+
+
+def _mapping(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRunFile(f"a JSON {type(data).__name__}, not an object")
+    return data
 
 
 @task(task_run_name="audio {name}")
@@ -310,8 +330,13 @@ def assemble_film(
     name: str = "",
     records: list[dict[str, Any] | None] | None = None,
     stamp: str | None = None,
+    dest: dict[str, Any] | None = None,
+    key: str = "",
 ) -> str:
     """Join the shots, encode once, mux the dubbed audio, write `out` atomically.
+
+    `dest`: the output folder and files as `flows.outputs.claim_output` found them (checked again
+    at the final rename); `key`: the workspace key the delivery record names.
 
     `records`: the shots' file records from their done markers, each verified before use (a shot
     that fails is marked not done, so a re-run renders it again). `stamp`: the output's container
@@ -331,8 +356,9 @@ def assemble_film(
         }
     )
     stamp_path = Path(workdir) / "assembled.json"
-    if stamp_path.exists() and Path(out).is_file():
-        last, st = read_json(stamp_path), Path(out).stat()  # `last`: never shadow the `stamp` parameter
+    last = read_run_file(stamp_path, _mapping)  # `last`: never shadow the `stamp` parameter
+    if last is not None and Path(out).is_file():
+        st = Path(out).stat()
         if last.get("inputs") == inputs and [last.get("size"), last.get("mtime_ns")] == [
             st.st_size,
             st.st_mtime_ns,
@@ -351,6 +377,8 @@ def assemble_film(
             workdir=workdir,
             records=records,
             stamp=stamp,
+            dest=None if dest is None else Destination.from_dict(dest),
+            key=key,
         )
     except IntermediateError as exc:  # changed since it was verified: not done any more
         (Path(exc.path).parent / DONE).unlink(missing_ok=True)
@@ -374,6 +402,8 @@ def export_timeline(
     audio_path: str,
     config: dict[str, Any],
     name: str = "",
+    dest: dict[str, Any] | None = None,
+    key: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
     workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
@@ -390,9 +420,24 @@ def export_timeline(
     timeline = film_timeline(
         Path(source).stem, Fraction(video["fps"]), source, video["frame_count"], shots, audio_path, out
     )
-    path = write_timeline(Path(out).with_suffix(".otio"), timeline)
-    run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
     formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
-    for extra in write_extra_timelines(Path(out), timeline, formats):
+    if dest is None:
+        path = write_timeline(Path(out).with_suffix(".otio"), timeline)
+        extras = write_extra_timelines(Path(out), timeline, formats)
+    else:  # staged privately, then delivered like the film (never over a file dubflow did not write)
+        where = Destination.from_dict(dest)
+        with staging(where, Path(out).name) as folder:
+            staged = [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
+            staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
+            path, *extras = [deliver(where, f, f.name, key) for f in staged]
+    run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
+    for extra in extras:
         run_logger(log).info("edit-suite timeline %s", extra)
     return str(path)
+
+
+def timeline_paths(out: str, config: dict[str, Any]) -> list[str]:
+    """The edit-suite sidecars `export_timeline` writes next to `out` (`.otio`, then `.edl` / `.xml`)."""
+    cfg = PipelineConfig.from_dict(config)
+    suffixes = [".otio"] + [EXTRA_FORMATS[n][1] for n in EXTRA_FORMATS if getattr(cfg.timeline, n)]
+    return [str(Path(out).with_suffix(suffix)) for suffix in suffixes]

@@ -5,22 +5,30 @@ confined: the output path, fully resolved (``..`` and symlinks, before any check
 output root. The roots come from the host running the film flow, never from run parameters:
 ``DUBFLOW_OUTPUT_ROOTS`` (paths separated by ``os.pathsep``) or, when unset, the source's folder and
 the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). A missing output folder under a
-root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it
-(the encode stamps the container's ``comment`` tag: its first word ``dubflow:<workspace key>``, then
-any label, e.g. the preview pass's, `output_comment`): a re-run of the same film and pass (one
-workspace) replaces its own output, anything else only with ``overwrite``; a file dubflow did not
-write is never replaced. No Prefect here: paths, environment and one ffmpeg header read.
+root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it,
+which is proven by the record dubflow keeps of what it delivered (``.<name>.dubflow.json``: size,
+SHA-256 and workspace key, `tasks.media.deliver`), never by a tag a copy would keep: a re-run of the
+same film and pass (one workspace) replaces its own output, anything else only with ``overwrite``;
+a file dubflow did not write (or one changed since) is never replaced. The same holds for the
+edit-suite sidecars (``.otio``, ``.edl``, ``.xml``). From `claim_output` to the end of the run the
+output is locked (``.<name>.dubflow.lock``): a second film started with the same ``out`` fails at once
+naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
+`output_comment`) for people and tools; nothing trusts it. No Prefect here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
+from flows.run_lock import hold_lock
 from tasks.errors import OutputError
 from tasks.media import ffmpeg
+from tasks.media.deliver import clean_stale, destination, written_record
 
 log = logging.getLogger(__name__)
 
@@ -72,28 +80,57 @@ def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) 
             raise OutputError(out, f"{resolved.parent} is not a folder")
         log.info("creating the output folder %s (under the output root)", resolved.parent)
         resolved.parent.mkdir(parents=True, exist_ok=True)
-    if resolved.exists():
-        if not resolved.is_file():
+    if resolved.exists() or resolved.is_symlink():
+        if resolved.is_symlink() or not resolved.is_file():
             raise OutputError(out, "exists and is not a regular file")
-        if output_tag(resolved) is None:
-            raise OutputError(out, "exists and was not written by dubflow: refusing to overwrite it")
+        if written_record(resolved) is None:
+            raise OutputError(out, NOT_OURS)
     return resolved
+
+
+NOT_OURS = "exists and was not written by dubflow (or was changed since): refusing to overwrite it"
 
 
 def check_overwrite(out: str | os.PathLike[str], key: str, overwrite: bool) -> None:
     """An existing dubflow output is replaced only by a run of the same workspace, or with `overwrite`."""
     path = Path(out)
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return
-    tag = output_tag(path)
-    if tag is None:
-        raise OutputError(out, "exists and was not written by dubflow: refusing to overwrite it")
-    if tag != output_stamp(key) and not overwrite:
+    record = written_record(path)
+    if record is None:
+        raise OutputError(out, NOT_OURS)
+    if record.get("key") != key and not overwrite:
         raise OutputError(
             out,
-            f"exists (a dubflow output of another film or pass, {tag}); "
+            f"exists (a dubflow output of another film or pass, {output_stamp(str(record.get('key')))}); "
             "pass --overwrite (flow parameter overwrite=true) to replace it",
         )
+
+
+def claim_output(
+    held: contextlib.ExitStack,
+    out: str | os.PathLike[str],
+    key: str,
+    overwrite: bool,
+    sidecars: Sequence[str | os.PathLike[str]] = (),
+    run: str = "",
+) -> dict:
+    """Lock `out` for the rest of the run (`held`), remove what a killed run left there, check that
+    `out` and its `sidecars` may be replaced, and note what is there (`tasks.media.deliver.Destination`,
+    as a dict: the final renames check it again)."""
+    path = Path(out)
+    lock = path.with_name(f".{path.name}.dubflow.lock")
+    held.enter_context(hold_lock(lock, f"output {path}", run=run))  # another film at the same out: fails
+    held.callback(_unlink_quietly, lock)  # removed while still held (a waiter then locks a fresh file)
+    clean_stale(path.parent, path.name)
+    for target in (path, *map(Path, sidecars)):
+        check_overwrite(target, key, overwrite)
+    return destination([path, *map(Path, sidecars)]).to_dict()
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def output_stamp(key: str) -> str:

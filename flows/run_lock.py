@@ -78,7 +78,10 @@ def hold_lock(
     deadline, waiting = time.monotonic() + max(0.0, wait_s), False
     while True:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symlink planted at the lock's path (the owner record is written into it)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise LockBusy(p, f"{what}: cannot open its lock file ({exc.strerror or exc})") from exc
         if _try_lock(fd):
             if _same_file(fd, p):
                 break

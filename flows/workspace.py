@@ -29,8 +29,11 @@ Prefect's result cache is the first line of resume, keyed by ``Workspace.shot_ca
 key + incarnation + shot index + shot key; never the flow run id). ``done.json`` is the second: a shot
 task checks ``shot_done`` before doing any work. The incarnation id changes whenever the workspace
 folder is recreated, so wiping a workspace also invalidates cache records that point into it.
-A marker that cannot be read, or whose intermediate no longer matches it, means "not done": it is
-removed with one log line naming the file, and the shot is rendered again (never a stuck state).
+A marker is bound to its place: it names its workspace key, shot index and shot key, and its
+intermediate lies in its own folder (`marker_misplaced`); a valid marker copied from another film or
+shot is not trusted. A marker that cannot be read, that lies elsewhere than it says, or whose
+intermediate no longer matches it, means "not done": it is removed with one log line naming the
+file, and the shot is rendered again (never a stuck state).
 Recording a failure or an attempt never raises (a full disk must not hide the error being recorded).
 No Prefect imports here: paths and files only.
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -50,6 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from flows.run_files import BadRunFile, read_run_file
 from tasks.files import (
     WorkspaceError,
     atomic_write_json,
@@ -195,10 +200,23 @@ def open_workspace(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     target = path / MANIFEST
-    if not target.exists():
-        publish_once(target, json_bytes(manifest))
-    existing = read_json(target)
-    return Workspace(root=str(Path(root).resolve()), key=key, incarnation=str(existing["incarnation"]))
+    for _ in range(3):  # a damaged manifest is set aside and published again (never a stuck state)
+        if not target.exists():
+            publish_once(target, json_bytes(manifest))
+        incarnation = read_run_file(target, functools.partial(_manifest_incarnation, key))
+        if incarnation is not None:
+            return Workspace(root=str(Path(root).resolve()), key=key, incarnation=incarnation)
+    raise WorkspaceError(f"{target}: cannot create a readable workspace manifest")
+
+
+def _manifest_incarnation(key: str, manifest: Any) -> str:
+    """The incarnation id of a manifest that belongs to workspace `key` (else BadRunFile)."""
+    if not isinstance(manifest, dict) or manifest.get("key") != key:
+        raise BadRunFile(f"not the manifest of workspace {key}")
+    incarnation = manifest.get("incarnation")
+    if not isinstance(incarnation, str) or not re.fullmatch(r"[0-9a-f]{12}", incarnation):
+        raise BadRunFile(f"bad incarnation id {incarnation!r}")
+    return incarnation
 
 
 # ------------------------------------------------------------------------------- shot markers
@@ -226,6 +244,9 @@ def read_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None
         return _invalidate(ws, index, key, f"unreadable done marker: {exc}")
     except (KeyError, TypeError, AttributeError) as exc:
         return _invalidate(ws, index, key, f"{path}: not a done marker ({type(exc).__name__}: {exc})")
+    misplaced = marker_misplaced(ws, index, key, record)
+    if misplaced is not None:
+        return _invalidate(ws, index, key, f"{path}: {misplaced}")
     try:
         have = output.stat().st_size
     except OSError as exc:
@@ -233,6 +254,27 @@ def read_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None
     if size is not None and have != size:
         return _invalidate(ws, index, key, f"{output}: {have} bytes, {size} recorded (truncated or replaced)")
     return record
+
+
+def marker_misplaced(ws: Workspace, index: int, key: str, record: Mapping[str, Any]) -> str | None:
+    """Why a readable ``done.json`` does not belong where it lies (None: it does).
+
+    A marker vouches for one shot of one workspace: its workspace key, shot index and shot key must be
+    the folder's, and its intermediate must lie in that folder. A valid marker copied from another
+    film, shot or folder is therefore never trusted (its intermediate would be another shot's pixels).
+    """
+    want = {"workspace": ws.key, "index": index, "key": key}
+    for field, value in want.items():
+        if record.get(field) != value:
+            return f"a done marker of {field} {record.get(field)!r}, not {value!r} (copied from elsewhere)"
+    folder = ws.shot_dir(index, key)
+    try:
+        inside = Path(record["output"]).resolve().parent == folder.resolve()
+    except (OSError, RuntimeError, TypeError):
+        inside = False
+    if not inside:
+        return f"its intermediate {record.get('output')} is not in {folder} (copied from elsewhere)"
+    return None
 
 
 def verify_shot_done(ws: Workspace, index: int, key: str) -> dict[str, Any] | None:
@@ -255,7 +297,13 @@ def _invalidate(ws: Workspace, index: int, key: str, why: str) -> None:
 
 def mark_shot_done(ws: Workspace, index: int, key: str, record: Mapping[str, Any]) -> Path:
     """Write ``done.json`` (atomically, last) and clear any previous failure record."""
-    body = {"index": index, "key": key, "finished": datetime.now(UTC).isoformat(timespec="seconds"), **record}
+    body = {
+        **record,
+        "workspace": ws.key,
+        "index": index,
+        "key": key,
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     path = atomic_write_json(ws.done_path(index, key), body)
     ws.failed_path(index, key).unlink(missing_ok=True)
     return path

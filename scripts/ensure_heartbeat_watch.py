@@ -25,9 +25,12 @@ NAME = "dubflow: crash flow runs whose heartbeats stopped"
 
 
 def lost_run_seconds() -> int:
-    """DUBFLOW_LOST_RUN_S, else three heartbeat intervals."""
+    """DUBFLOW_LOST_RUN_S, else three heartbeat intervals, and never less than one interval plus the
+    server outage a film must ride out (DUBFLOW_API_OUTAGE_S, default 300 s): heartbeats sent while
+    the server is away are lost, so a shorter window would mark live runs Crashed after a restart."""
     heartbeat = int(os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") or 180)
-    return int(os.environ.get("DUBFLOW_LOST_RUN_S") or 3 * heartbeat)
+    outage = int(os.environ.get("DUBFLOW_API_OUTAGE_S") or 300)
+    return int(os.environ.get("DUBFLOW_LOST_RUN_S") or max(3 * heartbeat, heartbeat + outage))
 
 
 def watch(within_s: int) -> AutomationCore:

@@ -19,6 +19,9 @@ export PREFECT_API_URL="${PREFECT_API_URL:-http://$DUBFLOW_HOST:$DUBFLOW_PORT/ap
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH="${PREFECT_RESULTS_LOCAL_STORAGE_PATH:-$PREFECT_HOME/results}"
 export PREFECT_WORKER_QUERY_SECONDS="${PREFECT_WORKER_QUERY_SECONDS:-2}"   # default 10 s pickup delay
+# API calls retry with exponential backoff (2, 4, ... 256 s: ~8.5 min in all) so a server restart or a
+# few minutes' outage fails no shot (Prefect's default 5 retries give up after ~1 min)
+export PREFECT_CLIENT_MAX_RETRIES="${PREFECT_CLIENT_MAX_RETRIES:-8}"
 if [ -n "${PREFECT_SERVER_API_AUTH_STRING:-}" ] && [ -z "${PREFECT_API_AUTH_STRING:-}" ]; then
   export PREFECT_API_AUTH_STRING="$PREFECT_SERVER_API_AUTH_STRING"
 fi

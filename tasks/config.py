@@ -97,6 +97,7 @@ class ChecksConfig:
     ffv1_ratio: float  # FFV1 intermediate size / raw RGB size, for the free-disk estimate
     lock_wait_s: float  # a second run of the same workspace waits this long for the first one
     unscheduled_timeout_s: float  # a child group run no worker starts within this fails the film
+    api_outage_s: float  # the Prefect API may be unreachable this long before waiting on a group fails
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Tests write their outputs anywhere under the temp folder (flows/outputs.py confines `out` to the output
 # roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
 os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
+os.environ.setdefault("DUBFLOW_WORKSPACE_ROOTS", tempfile.gettempdir())  # workspace.root, confined alike
 
 
 @pytest.fixture(scope="session")

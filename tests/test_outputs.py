@@ -52,23 +52,40 @@ def test_outputs_stay_under_the_roots_after_resolving(roots: Path, monkeypatch: 
         confine_output(roots / "films" / "a.mp4", src)
 
 
+def _delivered(path: Path, key: str) -> Path:
+    """Deliver a copy of `path` (what dubflow wrote) to itself, with its record for workspace `key`."""
+    from tasks.media.deliver import deliver, destination, staging
+
+    data, dest = path.read_bytes(), destination([path])
+    with staging(dest, path.name) as folder:
+        (folder / path.name).write_bytes(data)
+        return deliver(dest, folder / path.name, path.name, key)
+
+
 def test_only_files_dubflow_wrote_are_replaced(roots: Path):
     src = roots / "films" / "film.mp4"
     foreign = roots / "films" / "holiday.mp4"
     make_clip(foreign, (3,), audio_channels=None)
-    with pytest.raises(OutputError, match="not written by dubflow: refusing to overwrite it"):
+    with pytest.raises(OutputError, match="not written by dubflow .*: refusing to overwrite it"):
         confine_output(foreign, src)
     ours = roots / "films" / "ours.mp4"
-    run_ffmpeg(
-        ["-i", str(foreign), "-c", "copy", "-metadata", f"comment={output_stamp('film-abc')}", str(ours)]
-    )
-    assert output_tag(ours) == "dubflow:film-abc" and confine_output(ours, src) == ours
+    run_ffmpeg(["-i", str(foreign), "-c", "copy", str(ours)])
+    _delivered(ours, "film-abc")  # the record of what dubflow wrote there: size, SHA-256, workspace key
+    assert confine_output(ours, src) == ours
     check_overwrite(ours, "film-abc", overwrite=False)  # a re-run of the same film + config
     with pytest.raises(OutputError, match=r"another film or pass.*--overwrite"):
         check_overwrite(ours, "film-xyz", overwrite=False)
     check_overwrite(ours, "film-xyz", overwrite=True)
     with pytest.raises(OutputError, match="not written by dubflow"):
         check_overwrite(foreign, "film-abc", overwrite=True)  # never, not even with the flag
+    # a tag proves nothing: a stream-copied cut of our output keeps dubflow's stamp but is the user's file
+    run_ffmpeg(["-i", str(ours), "-c", "copy", "-metadata", f"comment={output_stamp('film-abc')}",
+                "-frames:v", "2", str(roots / "films" / "cut.mp4")])  # fmt: skip
+    ours.write_bytes((roots / "films" / "cut.mp4").read_bytes())  # the user replaced it with the cut
+    assert output_tag(ours) == "dubflow:film-abc"
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match="not written by dubflow"):
+            check_overwrite(ours, "film-abc", overwrite=overwrite)
 
 
 def test_the_encode_stamps_its_output_verifies_its_shots_and_follows_the_umask(tmp_path: Path):

@@ -7,9 +7,10 @@ second `git clone` of this checkout in another folder runs `scripts/stack.sh wor
 workers, its own PYTHONPATH and Prefect home, the shared virtual environment), reaching the server by
 host name with `PREFECT_API_AUTH_STRING`. The workspace and result storage are one folder both see.
 A film runs through `prefect deployment run`; the worker of one group is SIGKILLed (with its flow
-run) mid-group, as if its host died; the heartbeat watch marks that group run Crashed and the film
-fails naming the lost shots; the re-run renders exactly those shots and the output has every source
-frame in place. Unauthenticated clients are refused throughout.
+run) mid-group, as if its host died; the heartbeat watch marks that group run Crashed, the film run
+finds its process gone and retries the group once on the surviving worker, which renders only the
+lost shots: the film completes with every shot rendered exactly once, a re-run renders nothing, and
+the output has every source frame in place. Unauthenticated clients are refused throughout.
 """
 
 from __future__ import annotations
@@ -199,18 +200,15 @@ def test_team_stack_on_postgres_with_workers_from_a_second_clone(tmp_path: Path,
             (run,) = first
             lost = sorted(set(group) - done_at_kill)
             assert lost, "the group finished before its worker was killed"
-            assert run.rc == 1, run.output + head.logs()
-            with head.client() as client:
-                film_run = client.read_flow_run(run.flow_run_id)
-            assert film_run.state.is_failed(), film_run.state
-            assert f"{len(lost)} shot(s) failed {lost}" in film_run.state.message, film_run.state.message
+            assert run.rc == 0, run.output + head.logs()  # the lost group was retried in the same film run
+            done = [a["shot"] for a in read_attempts(ws) if a["status"] == "done"]
+            assert sorted(done) == list(range(6)), done  # every shot rendered exactly once
             n_first = len(read_attempts(ws))
 
-            # 2. The re-run (the surviving worker of host 2) renders only the lost shots.
+            # 2. A re-run renders nothing (every shot is reused).
             second = head.run_deployment(FILM, params, timeout=420)
             assert second.rc == 0, second.output + head.logs() + host2.logs()
-            rerendered = [a["shot"] for a in read_attempts(ws)[n_first:] if a["status"] == "done"]
-            assert sorted(rerendered) == lost
+            assert not [a for a in read_attempts(ws)[n_first:] if a["status"] == "done"]
 
         # The server kept its state in the test's PostgreSQL cluster (and never in a SQLite file).
         runs_in_pg = _psql(pg_dir, head_env["DUBFLOW_PG_PORT"], "select count(*) from flow_run")
@@ -225,5 +223,5 @@ def test_team_stack_on_postgres_with_workers_from_a_second_clone(tmp_path: Path,
     assert per_frame.max() < 3.0, per_frame
     print(
         f"\nteam stack: `stack.sh team` {team_s:.1f} s; film run with a killed worker {run.wall_s:.1f} s, "
-        f"lost shots {lost} re-rendered in {second.wall_s:.1f} s"
+        f"lost shots {lost} re-rendered in it; re-run {second.wall_s:.1f} s"
     )

@@ -61,8 +61,14 @@ def _dub_digest(mono: np.ndarray) -> str:
 
 def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
     """The analysis in ``cache``, unless its speech timeline came from a dub slice that has changed."""
-    saved = json.loads(cache.read_text())
-    faces = ShotFaces.from_dict(saved)
+    try:
+        saved = json.loads(cache.read_text())
+        faces = ShotFaces.from_dict(saved)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged: never a stuck state
+        log.warning(
+            "%s: unreadable face analysis (%s: %s): analysing the shot again", cache, type(exc).__name__, exc
+        )
+        return None
     if not faces.source_audio and saved.get("dub_audio") != _dub_digest(mono):
         return None
     return faces

@@ -23,6 +23,7 @@ from tasks.config import EncodeConfig
 from tasks.errors import DecodeError, OutputError
 from tasks.files import atomic_path
 from tasks.media import ffmpeg
+from tasks.media.deliver import Destination, deliver, staging
 from tasks.media.intermediates import IntermediateError, verify
 from tasks.media.probe import VideoInfo, probe
 
@@ -133,6 +134,23 @@ def verify_shots(shot_paths: list[str], records: list[dict | None]) -> None:
             raise IntermediateError(path, f"shot intermediate does not match its done record: {problem}")
 
 
+def _encode(
+    info: VideoInfo, listing: Path, audio: AudioSource | None, cfg: EncodeConfig, tmp: Path, muxer: str,
+    stamp: str | None, o: Path,
+) -> None:  # fmt: skip
+    """The final encode into `tmp`, verified (frame count, frame rate) before anything is moved."""
+    _, err = ffmpeg.run(
+        build_encode_args(info, listing, audio, cfg, tmp, muxer, stamp), path=o, what="final encode"
+    )
+    if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
+        raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")
+    got = probe(tmp)
+    if got.frame_count != info.frame_count:
+        raise DecodeError(o, f"encoded {got.frame_count} frames, expected {info.frame_count}")
+    if not info.vfr and got.fps != info.fps:
+        raise DecodeError(o, f"encoded at {got.fps} fps, expected {info.fps}")
+
+
 def assemble(
     info: VideoInfo,
     shot_paths: list[str],
@@ -143,12 +161,15 @@ def assemble(
     workdir: str | Path,
     records: list[dict | None] | None = None,
     stamp: str | None = None,
+    dest: Destination | None = None,
+    key: str = "",
 ) -> str:
     """Encode the film from its shot intermediates and mux `audio`; return the output path.
 
     `records`: the shots' done records (`tasks.media.intermediates`), each verified before use. `stamp`:
     the container's `comment` tag (see `build_encode_args`). The output is verified (frame count, frame
-    rate) before it is moved into place; its mode follows the umask.
+    rate) before it is moved into place; its mode follows the umask. `dest`: where it goes, as checked
+    when the run began (`tasks.media.deliver`: staged privately, delivered with a record for `key`).
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
     for p in shot_paths:
@@ -161,16 +182,12 @@ def assemble(
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "shots.ffconcat"
     listing.write_text(_ffconcat(shot_paths))
-    with atomic_path(o) as tmp:
-        _, err = ffmpeg.run(
-            build_encode_args(info, listing, audio, cfg, tmp, muxer, stamp), path=o, what="final encode"
-        )
-        if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
-            raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")
-        got = probe(tmp)
-        if got.frame_count != info.frame_count:
-            raise DecodeError(o, f"encoded {got.frame_count} frames, expected {info.frame_count}")
-        if not info.vfr and got.fps != info.fps:
-            raise DecodeError(o, f"encoded at {got.fps} fps, expected {info.fps}")
+    if dest is not None:  # a private staging folder, then the checked rename (tasks/media/deliver.py)
+        with staging(dest, o.name) as folder:
+            _encode(info, listing, audio, cfg, folder / o.name, muxer, stamp, o)
+            deliver(dest, folder / o.name, o.name, key)
+    else:
+        with atomic_path(o) as tmp:
+            _encode(info, listing, audio, cfg, tmp, muxer, stamp, o)
     log.info("wrote %s (%d frames at %s fps)", o, info.frame_count, info.fps)
     return str(o)

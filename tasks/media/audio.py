@@ -13,6 +13,7 @@ own end, so consecutive slices tile the track exactly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -25,7 +26,7 @@ from tasks.config import AudioConfig
 from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
 from tasks.files import atomic_path
 from tasks.media import ffmpeg
-from tasks.media.probe import read_header
+from tasks.media.probe import ContainerHeader, read_header
 
 log = logging.getLogger(__name__)
 
@@ -99,30 +100,64 @@ def conform(samples: np.ndarray, decision: LengthDecision) -> np.ndarray:
     return np.concatenate([samples, pad])
 
 
+def _blocks(path: Path, head: ContainerHeader, sample_rate: int, channels: int) -> Iterator[np.ndarray]:
+    """The first audio stream of `path` as float32 (n, channels) blocks of one second (streamed), each
+    checked for NaN/inf (they would make every shot "too quiet" and the final encode fail)."""
+    if not head.audio:
+        raise NoAudioStream(path, f"no audio stream ({head.container})")
+    args = ["-v", "error", "-i", str(path), "-map", f"0:{head.audio[0].index}", "-vn", "-sn", "-dn"]
+    args += ["-ac", str(channels), "-ar", str(sample_rate), "-f", "f32le", "-"]
+    done = 0
+    try:
+        for raw in ffmpeg.read_blocks(
+            args, sample_rate * channels * 4, path=path, what="decoding audio", partial_tail=True
+        ):
+            block = np.frombuffer(raw, np.float32).reshape(-1, channels)
+            bad = ~np.isfinite(block).all(axis=1)
+            if bad.any():
+                first = done + int(np.argmax(bad))
+                raise MediaError(
+                    path,
+                    f"{int(bad.sum())} audio sample(s) are NaN or infinite, the first at {first / sample_rate:.3f} s",
+                )
+            done += block.shape[0]
+            yield block
+    except DecodeError as ex:
+        raise DecodeError(path, f"cannot decode audio: {ex.problem}") from ex
+
+
 def decode_audio(path: str | Path, *, sample_rate: int, channels: int) -> np.ndarray:
     """Decode the first audio stream of `path` to float32 PCM (n, channels) at `sample_rate`."""
     p = Path(path)
-    head = read_header(p)
-    if not head.audio:
-        raise NoAudioStream(p, f"no audio stream ({head.container})")
-    args = ["-v", "error", "-i", str(p), "-map", f"0:{head.audio[0].index}", "-vn", "-sn", "-dn"]
-    args += ["-ac", str(channels), "-ar", str(sample_rate), "-f", "f32le", "-"]
-    block = sample_rate * channels * 4
-    try:
-        data = b"".join(ffmpeg.read_blocks(args, block, path=p, what="decoding audio", partial_tail=True))
-    except DecodeError as ex:
-        raise DecodeError(p, f"cannot decode audio: {ex.problem}") from ex
-    samples = np.frombuffer(data, np.float32).reshape(-1, channels)
-    if samples.shape[0] == 0:
+    blocks = list(_blocks(p, read_header(p), sample_rate, channels))
+    if not blocks:
         raise MediaError(p, "audio stream contains no samples")
-    bad = ~np.isfinite(samples).all(axis=1)
-    if bad.any():  # NaN/inf would make every shot "too quiet" and the final encode fail
-        first = int(np.argmax(bad))
-        raise MediaError(
-            p,
-            f"{int(bad.sum())} audio sample(s) are NaN or infinite, the first at {first / sample_rate:.3f} s",
-        )
-    return samples
+    return np.concatenate(blocks)
+
+
+def check_header_length(
+    path: Path, head: ContainerHeader, frame_count: int, fps: Fraction, policy: str
+) -> None:
+    """Refuse a track whose header duration is far from the picture's, before decoding anything.
+
+    The header's duration can be an estimate (e.g. VBR mp3), so only a difference beyond
+    max(1 s, 2 %) counts here; the exact check follows on the decoded samples (`check_length`).
+    """
+    if head.duration_s is None:
+        return
+    picture = float(frame_count / fps)
+    diff = head.duration_s - picture
+    if abs(diff) <= max(1.0, 0.02 * picture):
+        return
+    if (diff < 0 and policy in ("pad", "fit")) or (diff > 0 and policy in ("trim", "fit")):
+        return
+    what, hint = ("shorter", "pad") if diff < 0 else ("longer", "trim")
+    raise AudioLengthError(
+        path,
+        f"audio is {head.duration_s:.3f} s by its header, {abs(diff):.3f} s {what} than the picture "
+        f"({picture:.3f} s = {frame_count} frames at {fps} fps): refused before decoding; "
+        f"set audio.length_policy={hint} or fit to conform it",
+    )
 
 
 @dataclass(frozen=True)
@@ -148,41 +183,74 @@ class DialogueTrack:
 def prepare_dialogue(
     audio_path: str | Path, *, frame_count: int, fps: Fraction, cfg: AudioConfig, out_wav: str | Path
 ) -> DialogueTrack:
-    """Decode the dub, apply the length policy, write it atomically as float32 WAV at `out_wav`."""
-    samples = decode_audio(audio_path, sample_rate=cfg.sample_rate, channels=cfg.channels)
-    decision = check_length(
-        samples.shape[0], cfg.sample_rate, frame_count, fps, cfg.length_policy, path=audio_path
-    )
-    if decision.action != "ok":
-        log.warning(
-            "%s: audio differs from the picture by %+.3f s; %s to %.3f s (audio.length_policy=%s)",
-            audio_path,
-            decision.diff_s,
-            "padding with silence" if decision.action == "pad" else "trimming",
-            decision.target_samples / cfg.sample_rate,
-            cfg.length_policy,
-        )
-    samples = conform(samples, decision)
+    """Decode the dub, apply the length policy, write it atomically as float32 WAV at `out_wav`.
+
+    The header's duration is checked first (`check_header_length`), then the track is decoded in
+    blocks straight into the WAV: memory stays at one block, and decoding stops as soon as the track
+    is more than a frame longer than the picture (the rest could only be trimmed or refused).
+    """
+    p, sr, channels = Path(audio_path), cfg.sample_rate, cfg.channels
+    head = read_header(p)
+    if not head.audio:
+        raise NoAudioStream(p, f"no audio stream ({head.container})")
+    check_header_length(p, head, frame_count, fps, cfg.length_policy)
+    picture = sample_at_frame(frame_count, fps, sr)
+    limit = picture + int(sr / fps) + 1  # this many samples or more can never be "ok"
     out = Path(out_wav)
-    fmt = "WAV" if samples.nbytes < 3_500_000_000 else "RF64"
+    tail: list[np.ndarray] = []  # samples after the picture's end (at most a frame's worth), kept aside
+    n = 0
     with atomic_path(out) as tmp:
-        sf.write(str(tmp), samples, cfg.sample_rate, subtype="FLOAT", format=fmt)
+        fmt = "WAV" if limit * channels * 4 < 3_500_000_000 else "RF64"
+        with sf.SoundFile(str(tmp), "w", sr, channels, subtype="FLOAT", format=fmt) as wav:
+            for block in _blocks(p, head, sr, channels):
+                keep = block[: max(0, picture - n)]
+                wav.write(keep)
+                tail.append(block[keep.shape[0] : keep.shape[0] + max(0, limit - max(n, picture))])
+                n += block.shape[0]
+                if n >= limit:
+                    break
+            if n == 0:
+                raise MediaError(p, "audio stream contains no samples")
+            if n >= limit and cfg.length_policy not in ("trim", "fit"):
+                raise AudioLengthError(
+                    p,
+                    f"audio is more than {n / sr:.3f} s (decoding stopped there), over a frame longer than "
+                    f"the picture ({picture / sr:.3f} s = {frame_count} frames at {fps} fps); "
+                    "set audio.length_policy=trim or fit to conform it",
+                )
+            decision = check_length(n, sr, frame_count, fps, cfg.length_policy, path=p)
+            if decision.action == "ok":
+                if n > picture:
+                    wav.write(np.concatenate(tail))
+            elif decision.action == "pad":
+                wav.write(np.zeros((picture - n, channels), np.float32))
+        if decision.action != "ok":
+            log.warning(
+                "%s: audio differs from the picture by %s%+.3f s; %s to %.3f s (audio.length_policy=%s)",
+                p, "more than " if n >= limit else "", decision.diff_s,
+                "padding with silence" if decision.action == "pad" else "trimming",
+                decision.target_samples / sr, cfg.length_policy,
+            )  # fmt: skip
     return DialogueTrack(
         path=str(out),
         source=str(audio_path),
-        sample_rate=cfg.sample_rate,
-        channels=cfg.channels,
-        n_samples=int(samples.shape[0]),
+        sample_rate=sr,
+        channels=channels,
+        n_samples=int(decision.target_samples),
         action=decision.action,
-        source_duration_s=decision.source_samples / cfg.sample_rate,
+        source_duration_s=decision.source_samples / sr,
     )
 
 
 def check_mix(mix_path: str | Path, *, frame_count: int, fps: Fraction, policy: str) -> LengthDecision:
     """Check the final mix's length (decoded at 8 kHz mono: enough to measure it exactly)."""
-    rate = 8000
-    samples = decode_audio(mix_path, sample_rate=rate, channels=1)
-    return check_length(samples.shape[0], rate, frame_count, fps, policy, path=mix_path)
+    rate, p = 8000, Path(mix_path)
+    head = read_header(p)
+    check_header_length(p, head, frame_count, fps, policy)
+    n = sum(block.shape[0] for block in _blocks(p, head, rate, 1))  # streamed: one block in memory
+    if n == 0:
+        raise MediaError(p, "audio stream contains no samples")
+    return check_length(n, rate, frame_count, fps, policy, path=mix_path)
 
 
 def read_samples(track: DialogueTrack, start: int, end: int) -> np.ndarray:

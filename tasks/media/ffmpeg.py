@@ -2,27 +2,33 @@
 
 dubflow uses only `imageio_ffmpeg.get_ffmpeg_exe()` (no system ffmpeg, no ffprobe). Subprocesses
 live in generators / context managers whose `finally:` kills and reaps them, so an exception or an
-abandoned iterator never leaves an ffmpeg behind. Their stderr goes to a temporary file (no pipe
+abandoned iterator never leaves an ffmpeg behind, and each child gets SIGKILL when the process that
+started it dies, however it dies (`PR_SET_PDEATHSIG`): a film run killed during its final encode
+leaves no ffmpeg writing on. Their stderr goes to a temporary file (no pipe
 deadlock) and its last lines become the message of a `DecodeError`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tasks.errors import DecodeError
 
 log = logging.getLogger(__name__)
 
 BASE_ARGS = ("-nostdin", "-hide_banner")
+_PR_SET_PDEATHSIG = 1
 
 
 @cache
@@ -34,6 +40,33 @@ def ffmpeg_exe() -> str:
     import imageio_ffmpeg
 
     return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+@cache
+def _prctl() -> Any:
+    """libc's prctl (Linux), resolved once in the parent: the child's hook then calls no Python import."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` making the ffmpeg child get SIGKILL when the thread that started it dies (so a
+    killed film run leaves no ffmpeg writing on; PR_SET_PDEATHSIG), None where there is no prctl.
+
+    Every call in this module waits for its child in the thread that started it, so that thread
+    outlives the child; if the parent died before the hook ran, the child exits at once.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 def _stderr_tail(fh: IO[bytes], limit: int = 4000) -> str:
@@ -60,7 +93,10 @@ def run(
     """Run ffmpeg to completion; return (returncode, stderr). Raise DecodeError naming `path` on failure."""
     cmd = [ffmpeg_exe(), *BASE_ARGS, *args]
     log.debug("run %s", " ".join(cmd))
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=_dies_with_parent(),
+    )  # fmt: skip
     err = proc.stderr.decode("utf-8", "replace")
     if check and proc.returncode != 0:
         raise DecodeError(path, f"{what} failed: {last_error_line(err)}")
@@ -86,8 +122,9 @@ def read_lines(
     """
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err
-        )
+            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+            preexec_fn=_dies_with_parent(),
+        )  # fmt: skip
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
@@ -120,6 +157,7 @@ def read_blocks(
             stdout=subprocess.PIPE,
             stderr=err,
             bufsize=0,
+            preexec_fn=_dies_with_parent(),
         )
         try:
             assert proc.stdout is not None
@@ -162,8 +200,9 @@ def write_pipe(args: Sequence[str], *, path: str | Path, what: str = "encoding")
     """
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err
-        )
+            [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+            preexec_fn=_dies_with_parent(),
+        )  # fmt: skip
         ok = False
         try:
             assert proc.stdin is not None

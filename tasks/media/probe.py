@@ -361,6 +361,9 @@ def frame_rate_from_pts(
     precision (one time-base tick over the span), else reduced with `limit_denominator(1001)`
     unless it is exact already. VFR = some frame interval differs from the median interval by
     more than max(1 tick, 0.5 %) (mkv's 1 ms ticks make 23.976 fps alternate 41/42 ms: CFR).
+    Packets sharing a timestamp (VFR muxed into mkv) are all frames of the picture: the rate is then
+    every packet over the real duration (span + the median interval, the last frame's display time),
+    so that frame_count / fps is the stream's duration, and the stream is VFR.
     """
     ts = sorted(set(pts))
     n = len(ts)
@@ -372,6 +375,9 @@ def frame_rate_from_pts(
         med = statistics.median(diffs)
         tol = max(1.0, 0.005 * med)
         vfr = any(abs(d - med) > tol for d in diffs)
+        if len(pts) > n:  # duplicate timestamps: every frame counts, over the stream's real duration
+            raw = Fraction(len(pts)) / ((ts[-1] - ts[0] + Fraction(med)) * time_base)
+            rel_precision, vfr = float(time_base / span) * 1.5 + 1e-9, True
     else:
         d0 = durations[0] if durations and durations[0] > 0 else 0
         if d0:

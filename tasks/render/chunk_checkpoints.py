@@ -3,7 +3,8 @@
 Per chunk ``k`` the folder holds ``chunk_kkkk.mkv`` (the FFV1 segment; absent for a chunk with no
 output frames), ``state_kkkk.safetensors`` (the backend's state after it, `tasks.render.checkpoint_state`;
 only the newest is kept) and, written last, ``chunk_kkkk.done``: a JSON marker with the segment's
-and the state's records (size, SHA-256, frames). Resuming walks the markers in order and stops at
+and the state's records (size, SHA-256, frames), naming its shot folder and chunk count (a marker
+copied from another shot's folder is not trusted). Resuming walks the markers in order and stops at
 the first chunk that is not verifiably done (marker missing or unreadable, segment or state not
 matching its record); if the state needed to continue from there is gone or bad, the shot starts
 over. Each such finding is one log line naming the file; nothing here raises for a damaged
@@ -22,7 +23,7 @@ from tasks.render.checkpoint_state import StateError, load_state, save_state
 
 log = logging.getLogger(__name__)
 
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2  # 2: markers name their shot folder and chunk count (bound to their place)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class ChunkCheckpoints:
 
     folder: Path
     n_chunks: int
+
+    @property
+    def owner(self) -> str:
+        """The shot folder's name (index + shot key): what a marker must name to be trusted here."""
+        return self.folder.resolve().parent.name
 
     def segment(self, k: int) -> Path:
         return self.folder / f"chunk_{k:04d}.mkv"
@@ -76,6 +82,11 @@ class ChunkCheckpoints:
         """(file, why) when chunk k's marker does not vouch for a good segment, else None."""
         if body.get("format") != MARKER_FORMAT or body.get("chunk") != k or "segment" not in body:
             return self.marker(k), "not a chunk marker of this format"
+        if body.get("shot") != self.owner or body.get("n_chunks") != self.n_chunks:
+            return self.marker(k), (
+                f"a chunk marker of {body.get('shot')!r} ({body.get('n_chunks')} chunks), not of "
+                f"{self.owner!r} ({self.n_chunks} chunks): copied from elsewhere"
+            )
         if body["segment"] is not None:
             why = verify(self.segment(k), body["segment"])
             if why is not None:
@@ -100,7 +111,11 @@ class ChunkCheckpoints:
         segment = record_written(self.segment(k), frames) if frames else None
         state_record = None if state is None else save_state(self.state_path(k), state)
         write_marker(
-            self.marker(k), {"format": MARKER_FORMAT, "chunk": k, "segment": segment, "state": state_record}
-        )
+            self.marker(k),
+            {
+                "format": MARKER_FORMAT, "shot": self.owner, "n_chunks": self.n_chunks, "chunk": k,
+                "segment": segment, "state": state_record,
+            },
+        )  # fmt: skip
         if k > 0:
             self.state_path(k - 1).unlink(missing_ok=True)
