@@ -236,10 +236,12 @@ def _check_dub_inputs(args: argparse.Namespace, cfg: Any) -> dict[str, str]:
     """
     from tasks.media.audio import check_mix
     from tasks.media.probe import probe, read_header
+    from tasks.media.profiles import check_size, delivery
     from tasks.render.preflight import check_frame_size
 
     info = probe(args.source, frame_count=cfg.probe.frame_count)
-    check_frame_size(args.source, info.width, info.height, cfg.encode.pix_fmt)
+    check_frame_size(args.source, info.width, info.height, delivery(cfg.encode, info.pix_fmt).pix_fmt)
+    check_size(cfg.encode, args.source, info.width, info.height)
     for p in (args.audio, args.mix):
         if p:
             read_header(p)
@@ -263,11 +265,13 @@ def cmd_dub(args: argparse.Namespace) -> int:
     cfg = _config(args, extra)
     from flows.outputs import local_output, local_output_allowed
     from tasks.media.assemble import check_output_path
+    from tasks.media.profiles import check_container
     from tasks.render.preflight import check_config
 
     # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
     check_config(cfg)
     check_output_path(args.out, args.source, args.audio, args.mix)
+    check_container(cfg.encode, args.out)
     local_output(args.out)  # anywhere the user says; never a file dubflow did not write
     stems = _check_dub_inputs(args, cfg)
     from flows.film_tasks import workspace_root

@@ -92,6 +92,7 @@ from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
 from tasks.media.audio import DialogueTrack
+from tasks.media.profiles import check_container, check_size, delivery
 from tasks.render.backend import BACKENDS
 from tasks.render.preflight import check_config, check_frame_size
 from tasks.render.shot import PREVIEW_LABEL
@@ -255,6 +256,7 @@ def run_pipeline(
     cfgd = cfg.to_dict()
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
+    check_container(cfg.encode, out)
     check_config(cfg)
     stems = parse_stems(stems, "stems")
     if plan:  # the shot plan's characters: section names the automatic clusters
@@ -270,7 +272,8 @@ def run_pipeline(
         )
     name, tag = Path(source).name, film_tag(source)
     video = runner.call(probe_source, source, cfgd, name=name)
-    check_frame_size(source, video["width"], video["height"], cfg.encode.pix_fmt)
+    check_frame_size(source, video["width"], video["height"], delivery(cfg.encode, video["pix_fmt"]).pix_fmt)
+    check_size(cfg.encode, source, video["width"], video["height"])
     ws = Workspace.from_dict(runner.call(open_film_workspace, source, cfgd, cfg.workspace.root, name=name))
     ws = _lock_workspace(held, runner, ws, source, cfg)
     check_overwrite(out, ws.key, overwrite)

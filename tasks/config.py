@@ -74,6 +74,8 @@ class EncodeConfig:
     audio_language: str
     keep_source_audio: bool
     intermediate: Literal["ffv1"]
+    profile: Literal["web", "mezzanine", "lossless"]  # tasks/media/profiles.py
+    mezzanine: Literal["prores_hq", "dnxhr_hqx"]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Join the shots' lossless intermediates, encode once, remux the dubbed audio — atomically.
 
-The shot intermediates (FFV1, coded orientation and size) are concatenated frame-exactly and
-re-timed to `n / fps` (so the output has the source's frame count and CFR timestamps), encoded
-once with the configured codec, and tagged with the source's display matrix (rotation) and
+The shot intermediates (FFV1, coded orientation and size, the source's own pixel format where it is
+planar Y'CbCr) are concatenated frame-exactly and re-timed to `n / fps` (so the output has the
+source's frame count and CFR timestamps), encoded once with the delivery profile's codec
+(`tasks.media.profiles`: web, mezzanine or lossless; lossless passes the samples through unconverted), and tagged with the source's display matrix (rotation) and
 sample aspect ratio. The final mix (or the dialogue track) is muxed with a language tag and cut
 (or padded, when the length policy allows) to the picture's duration. The output is written to
 a temp file in the destination directory and moved into place with `os.replace`; the source is
@@ -23,7 +24,9 @@ from tasks.config import EncodeConfig
 from tasks.errors import DecodeError, OutputError
 from tasks.media import ffmpeg
 from tasks.media.intermediates import IntermediateError, verify
+from tasks.media.native import intermediate_pix_fmt
 from tasks.media.probe import VideoInfo, probe
+from tasks.media.profiles import check_container, check_size, delivery
 
 log = logging.getLogger(__name__)
 
@@ -94,23 +97,28 @@ def build_encode_args(
         "setpts=N",
         f"setsar={info.sar.numerator}/{info.sar.denominator}",
     ]
+    out = delivery(cfg, info.pix_fmt)
+    held = intermediate_pix_fmt(info.pix_fmt)  # what the shot intermediates hold
     matrix = _MATRICES.get(info.color_space or "")
     rng = "full" if info.color_range == "pc" else "tv"
-    if matrix:
-        vf.append(f"scale=out_color_matrix={matrix}:out_range={rng}")
-    vf.append(f"format={cfg.pix_fmt}")
-    args += ["-vf", ",".join(vf), "-r", f"{fps.numerator}/{fps.denominator}"]
-    args += ["-c:v", cfg.codec, "-pix_fmt", cfg.pix_fmt]
-    if cfg.codec in ("libx264", "libx265", "libsvtav1", "libaom-av1", "libvpx-vp9"):
-        args += ["-crf", str(cfg.crf)]
-    if cfg.codec in ("libx264", "libx265", "libsvtav1"):
-        args += ["-preset", str(cfg.preset)]
+    if held == "gbrp":  # RGB intermediates: converted with the film's own matrix and range
+        if matrix:
+            vf.append(f"scale=out_color_matrix={matrix}:out_range={rng}")
+        vf.append(f"format={out.pix_fmt}")
+    elif out.pix_fmt != held:  # the source's Y'CbCr to another Y'CbCr format: same matrix and range
+        if matrix:
+            vf.append(
+                f"scale=in_color_matrix={matrix}:in_range={rng}:out_color_matrix={matrix}:out_range={rng}"
+            )
+        vf.append(f"format={out.pix_fmt}")
+    # else: the intermediates' own samples go to the encoder unconverted (lossless: bit-exact)
+    args += ["-vf", ",".join(vf), "-r", f"{fps.numerator}/{fps.denominator}", *out.video]
     if matrix:
         args += ["-colorspace", info.color_space, "-color_range", rng]
     if audio is not None:
         af = [f"apad=whole_dur={dur:.6f}"] if audio.pad else []
         af.append(f"atrim=end={dur:.6f}")
-        args += ["-filter:a:0", ",".join(af), "-c:a:0", cfg.audio_codec, "-b:a:0", cfg.audio_bitrate]
+        args += ["-filter:a:0", ",".join(af), *out.audio]
         args += ["-metadata:s:a:0", f"language={cfg.audio_language}", "-disposition:a:0", "default"]
         if cfg.keep_source_audio and info.audio:
             for i in range(1, 1 + len(info.audio)):
@@ -163,6 +171,8 @@ def assemble(
     rate) before it is moved into place; its mode follows the umask.
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
+    check_container(cfg, o)
+    check_size(cfg, info.path, info.width, info.height)
     for p in shot_paths:
         if not Path(p).is_file():
             raise DecodeError(p, "shot intermediate is missing")

@@ -38,7 +38,16 @@ from tasks.errors import DecodeError, MediaError
 from tasks.files import atomic_temp
 from tasks.media import ffmpeg
 from tasks.media.audio import DialogueTrack, read_samples
-from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
+from tasks.media.frames import (
+    FrameCursor,
+    LosslessWriter,
+    NativeFrames,
+    intermediate_format,
+    iter_frames,
+    iter_native,
+    read_frames,
+    write_rendered,
+)
 from tasks.media.intermediates import clean_temps, read_marker, record_written, write_marker
 from tasks.media.probe import VideoInfo, probe
 from tasks.picture.color import match_and_blend
@@ -174,9 +183,12 @@ def run_dir(out: Path) -> Path:
 
 
 def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
-    """Write the shot's decoded source frames unchanged into its lossless intermediate."""
-    with LosslessWriter(out, (info.height, info.width), info.fps) as w:
-        for frame in iter_frames(info, plan.start_frame, plan.end_frame):
+    """Write the shot's decoded source frames unchanged into its lossless intermediate (in the source's
+    own pixel format where it is planar Y'CbCr: the decoded values bit for bit)."""
+    fmt = intermediate_format(info)
+    with LosslessWriter(out, (info.height, info.width), info.fps, **fmt) as w:
+        native = fmt["pix_fmt"] != "gbrp"
+        for frame in (iter_native if native else iter_frames)(info, plan.start_frame, plan.end_frame):
             w.write(frame)
 
 
@@ -359,6 +371,9 @@ def render_shot_result(
         start = min(min(c.ref_frame, c.src_start) for c in todo)
         lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
         cursor = FrameCursor(info, s0 + start, plan.end_frame, lookback=lookback)
+        native = (
+            NativeFrames(info, plan.end_frame) if intermediate_format(info)["pix_fmt"] != "gbrp" else None
+        )
         with timer("decode"):
             first_frame = read_frames(info, [s0])[s0] if shot_first and start > 0 else None
         extra = {"decision": decision, "context": context} if decision is not None else {}
@@ -380,14 +395,21 @@ def render_shot_result(
 
         def generate(
             c: Any, got: tuple[ChunkInput, np.ndarray]
-        ) -> tuple[Any, np.ndarray, Any]:  # caller: GPU
+        ) -> tuple[Any, np.ndarray, Any, np.ndarray]:  # caller: GPU
             inp, color_ref = got
             with timer("backend"):
                 finish = dub_chunk_deferred(session, inp)
-            return finish, color_ref, session.state()  # the state after this chunk, for its checkpoint
+            return (
+                finish,
+                color_ref,
+                session.state(),
+                inp.frames,
+            )  # the state after this chunk, for its checkpoint
 
-        def write(c: Any, product: tuple[Any, np.ndarray, Any]) -> None:  # writer thread: finish behind
-            finish, color_ref, st = product
+        def write(
+            c: Any, product: tuple[Any, np.ndarray, Any, np.ndarray]
+        ) -> None:  # writer thread: finish behind
+            finish, color_ref, st, source_rgb = product
             with timer("composite"):
                 chunk_out = finish()
             n_out = c.src_end - c.src_start
@@ -401,9 +423,8 @@ def render_shot_result(
                 with timer("colour"):
                     chunk_out = color_correct(chunk_out, color_ref, cfg.color.strength)
             with timer("encode"):
-                if n_out:
-                    with LosslessWriter(segments[c.index], (info.height, info.width), info.fps) as w:
-                        w.write(chunk_out)
+                if n_out:  # only what the backend changed; the rest stays the source's decoded values
+                    write_rendered(segments[c.index], info, chunk_out, source_rgb, native, s0 + c.src_start)
                 checkpoints.commit(c.index, n_out, st)  # verified, then marked done
 
         try:
@@ -420,6 +441,8 @@ def render_shot_result(
         finally:
             session.close()
             cursor.close()
+            if native is not None:
+                native.close()
         session_timings = getattr(session, "timings", None)
         if callable(session_timings):
             timer.add(session_timings())
