@@ -76,6 +76,7 @@ class EncodeConfig:
     intermediate: Literal["ffv1"]
     profile: Literal["web", "mezzanine", "lossless"]  # tasks/media/profiles.py
     mezzanine: Literal["prores_hq", "dnxhr_hqx"]
+    per_shot: bool  # each shot its own closed-GOP segment, joined by stream copy (tasks/media/segments.py)
 
 
 @dataclass(frozen=True)
