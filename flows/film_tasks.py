@@ -26,7 +26,7 @@ from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
 from tasks.files import atomic_write_json, read_json
 from tasks.media.assemble import AudioSource, assemble
-from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import check_backend_options
@@ -373,7 +373,8 @@ def export_timeline(
     name: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
-    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
+    workspace is kept, else their range of `out`) and the dub audio (`<out stem>.dub.wav`, 48 kHz
+    24-bit), at the source's timecodes; with
     `timeline.edl` / `timeline.fcp_xml` also `<out stem>.edl` / `.xml`."""
     cfg = PipelineConfig.from_dict(config)
     shots = [
@@ -384,8 +385,12 @@ def export_timeline(
         }
         for r, row in zip(records, rows, strict=True)
     ]  # fmt: skip
+    fps = Fraction(video["fps"])
+    wav = write_post_wav(  # the dub for audio post, exactly the picture's duration, next to the timeline
+        audio_path, Path(out).with_suffix(".dub.wav"), duration_s=float(video["frame_count"] / fps), pad=True
+    )
     timeline = film_timeline(
-        Path(source).stem, Fraction(video["fps"]), source, video["frame_count"], shots, audio_path, out
+        Path(source).stem, fps, source, video["frame_count"], shots, wav, out, timecode=video.get("timecode")
     )
     path = write_timeline(Path(out).with_suffix(".otio"), timeline)
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)

@@ -103,8 +103,10 @@ def _inputs(info: VideoInfo, listing: Path, audio: AudioSource | None, cfg: Enco
     return args
 
 
-def _container(muxer: str, stamp: str | None, out_tmp: Path) -> list[str]:
+def _container(muxer: str, stamp: str | None, out_tmp: Path, timecode: str | None = None) -> list[str]:
     args = ["-movflags", "+faststart"] if muxer in ("mp4", "mov") else []
+    if timecode:  # the source's start timecode: a conform finds each shot at the same timecode in both
+        args += ["-timecode", timecode]
     if stamp:
         args += ["-metadata", f"comment={stamp}"]
     return [*args, "-f", muxer, str(out_tmp)]
@@ -127,7 +129,7 @@ def build_encode_args(
     args = _inputs(info, listing, audio, cfg)
     args += ["-vf", ",".join(video_filters(info, d.pix_fmt)), "-r", f"{fps.numerator}/{fps.denominator}"]
     args += [*d.video, *color_tags(info), *_audio_args(info, audio, cfg)]
-    return [*args, *_container(muxer, stamp, out_tmp)]
+    return [*args, *_container(muxer, stamp, out_tmp, info.timecode)]
 
 
 def build_join_args(
@@ -144,7 +146,7 @@ def build_join_args(
     args = [*_inputs(info, listing, audio, cfg), "-c:v", "copy"]
     if muxer in ("mp4", "mov"):
         args += ["-video_track_timescale", str(info.fps.numerator)]
-    return [*args, *_audio_args(info, audio, cfg), *_container(muxer, stamp, out_tmp)]
+    return [*args, *_audio_args(info, audio, cfg), *_container(muxer, stamp, out_tmp, info.timecode)]
 
 
 def _output_temp(final: Path) -> Path:

@@ -24,7 +24,7 @@ import soundfile as sf
 
 from tasks.config import AudioConfig
 from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
-from tasks.files import atomic_temp
+from tasks.files import atomic_path, atomic_temp
 from tasks.media import ffmpeg
 from tasks.media.probe import read_header
 
@@ -195,3 +195,18 @@ def read_samples(track: DialogueTrack, start: int, end: int) -> np.ndarray:
     with sf.SoundFile(track.path) as f:
         f.seek(start)
         return f.read(end - start, dtype="float32", always_2d=True)
+
+
+def write_post_wav(audio_path: str | Path, out_wav: str | Path, *, duration_s: float, pad: bool) -> Path:
+    """The delivered audio for audio post: 48 kHz, 24-bit PCM WAV, cut (or padded with silence, when
+    the length policy padded it) to the picture's duration, written atomically."""
+    out = Path(out_wav)
+    af = [f"apad=whole_dur={duration_s:.6f}"] if pad else []
+    af.append(f"atrim=end={duration_s:.6f}")
+    with atomic_path(out) as tmp:
+        ffmpeg.run(
+            ["-v", "error", "-y", "-i", str(audio_path), "-map", "0:a:0", "-af", ",".join(af),
+             "-ar", "48000", "-c:a", "pcm_s24le", "-f", "wav", str(tmp)],
+            path=audio_path, what="writing the audio-post WAV",
+        )  # fmt: skip
+    return out
