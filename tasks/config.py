@@ -43,6 +43,7 @@ class AudioConfig:
     sample_rate: int
     channels: int
     length_policy: Literal["error", "pad", "trim", "fit"]
+    resampler: Literal["soxr_hq", "ffmpeg"]  # the dialogue track: librosa.load semantics, or ffmpeg's
 
 
 @dataclass(frozen=True)

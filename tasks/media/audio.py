@@ -1,7 +1,8 @@
 """The dubbed dialogue track: decode, check its length against the picture, slice it per shot.
 
 Any container/codec ffmpeg reads (wav, flac, mp3, m4a, ...) at any rate/channel count is decoded
-to float32 PCM at the configured rate. Its length must match the picture (frame_count / fps)
+to float32 PCM at the configured rate; the dialogue track the model hears as the official pipeline's
+`librosa.load(path, sr=16000)` does (channel mean, soxr high quality: `audio.resampler`). Its length must match the picture (frame_count / fps)
 within one frame's duration unless the policy says otherwise: `error` (default), `pad` (append
 silence to a short track), `trim` (cut a long one), `fit` (either), each logged as a warning.
 
@@ -100,22 +101,44 @@ def conform(samples: np.ndarray, decision: LengthDecision) -> np.ndarray:
     return np.concatenate([samples, pad])
 
 
-def decode_audio(path: str | Path, *, sample_rate: int, channels: int) -> np.ndarray:
-    """Decode the first audio stream of `path` to float32 PCM (n, channels) at `sample_rate`."""
+def _soxr_hq(samples: np.ndarray, rate: int, sample_rate: int, channels: int) -> np.ndarray:
+    """`librosa.load(path, sr=sample_rate)` from decoded (n, ch) float32 at its own `rate`: the channel
+    mean when `channels` is 1 (`librosa.to_mono`), then `librosa.resample(res_type="soxr_hq")`."""
+    import librosa  # the model's audio path only
+
+    y = samples.mean(axis=1, dtype=np.float32) if channels == 1 else samples.T  # (n,) or (ch, n)
+    y = librosa.resample(y, orig_sr=rate, target_sr=sample_rate, res_type="soxr_hq")
+    return np.ascontiguousarray(y.reshape(-1, 1) if channels == 1 else y.T, dtype=np.float32)
+
+
+def decode_audio(
+    path: str | Path, *, sample_rate: int, channels: int, resampler: str = "ffmpeg"
+) -> np.ndarray:
+    """Decode the first audio stream of `path` to float32 PCM (n, channels) at `sample_rate`.
+
+    `resampler` "ffmpeg": ffmpeg's own down-mix and resampler; "soxr_hq": the samples at the file's own
+    rate and channels (ffmpeg decodes PCM to the values soundfile reads), then `librosa.load`'s mono mix
+    and soxr high-quality resampling (`_soxr_hq`): the official InfiniteTalk audio path.
+    """
     p = Path(path)
     head = read_header(p)
     if not head.audio:
         raise NoAudioStream(p, f"no audio stream ({head.container})")
-    args = ["-v", "error", "-i", str(p), "-map", f"0:{head.audio[0].index}", "-vn", "-sn", "-dn"]
-    args += ["-ac", str(channels), "-ar", str(sample_rate), "-f", "f32le", "-"]
-    block = sample_rate * channels * 4
+    stream = head.audio[0]
+    native = resampler == "soxr_hq"
+    rate, ch = (stream.sample_rate, stream.channels) if native else (sample_rate, channels)
+    args = ["-v", "error", "-i", str(p), "-map", f"0:{stream.index}", "-vn", "-sn", "-dn"]
+    args += ["-ac", str(ch), "-ar", str(rate), "-f", "f32le", "-"]
+    block = rate * ch * 4
     try:
         data = b"".join(ffmpeg.read_blocks(args, block, path=p, what="decoding audio", partial_tail=True))
     except DecodeError as ex:
         raise DecodeError(p, f"cannot decode audio: {ex.problem}") from ex
-    samples = np.frombuffer(data, np.float32).reshape(-1, channels)
+    samples = np.frombuffer(data, np.float32).reshape(-1, ch)
     if samples.shape[0] == 0:
         raise MediaError(p, "audio stream contains no samples")
+    if native and (rate != sample_rate or ch != channels):
+        samples = _soxr_hq(samples, rate, sample_rate, channels)
     bad = ~np.isfinite(samples).all(axis=1)
     if bad.any():  # NaN/inf would make every shot "too quiet" and the final encode fail
         first = int(np.argmax(bad))
@@ -150,7 +173,9 @@ def prepare_dialogue(
     audio_path: str | Path, *, frame_count: int, fps: Fraction, cfg: AudioConfig, out_wav: str | Path
 ) -> DialogueTrack:
     """Decode the dub, apply the length policy, write it atomically as float32 WAV at `out_wav`."""
-    samples = decode_audio(audio_path, sample_rate=cfg.sample_rate, channels=cfg.channels)
+    samples = decode_audio(
+        audio_path, sample_rate=cfg.sample_rate, channels=cfg.channels, resampler=cfg.resampler
+    )
     decision = check_length(
         samples.shape[0], cfg.sample_rate, frame_count, fps, cfg.length_policy, path=audio_path
     )
