@@ -85,6 +85,7 @@ def segment_args(info: VideoInfo, cfg: EncodeConfig, shot: str | Path, out_tmp: 
     args = ["-v", "error", "-y", "-noautorotate", "-i", str(shot), "-map", "0:v:0", "-an", "-sn", "-dn"]
     args += ["-vf", ",".join(video_filters(info, d.pix_fmt)), "-fps_mode", "passthrough", *d.video]
     args += [*closed_gop(d.video), *color_tags(info)]
+    args += ["-movflags", "+write_colr"]  # the colour tags of any codec (FFV1 too) kept in the segment
     return [*args, "-video_track_timescale", str(info.fps.numerator), "-f", "mov", str(out_tmp)]
 
 
