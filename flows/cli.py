@@ -12,9 +12,11 @@
 Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain calls. `shots` and
 `plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`
 (`<key>: <problem>` for a config value), and exit with status 1 (no traceback; `--debug` shows it).
-`dub` checks before anything starts what would otherwise fail late: config values, the output path
-(confined to the output roots, never a file dubflow did not write), the delivery pixel format
-against the film's frame size.
+`dub` checks before Prefect starts what would otherwise fail late: config values, the output path
+(anywhere its user says, never a file dubflow did not write; the output roots of `flows/outputs.py`
+confine only the deployment's `out` parameter), the delivery pixel format against the film's frame
+size, the dub's and the mix's lengths against the picture, stems, cast and plan file. A run's log file
+(`flows/run_log.py`) holds the tracebacks; the error line of a failed run names it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from flows.run_log import FORMAT, console_handler
 
 log = logging.getLogger("dubflow")
 
@@ -65,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dub.add_argument(
         "--out", required=True, metavar="OUT",
-        help="output file (.mp4, .mov, .mkv) under an output root: DUBFLOW_OUTPUT_ROOTS, default the film's folder and out/",
+        help="output file (.mp4, .mov, .mkv), anywhere (a missing folder is created)",
     )  # fmt: skip
     dub.add_argument(
         "--overwrite", action="store_true",
@@ -214,24 +218,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dub(args: argparse.Namespace) -> int:
-    extra = [f"backend.name={args.backend}"] if args.backend else []
-    cfg = _config(args, extra)
-    from flows.outputs import confine_output
-    from tasks.media.assemble import check_output_path
-    from tasks.media.probe import read_header
-    from tasks.render.preflight import check_config, check_frame_size
+def _check_dub_inputs(args: argparse.Namespace, cfg: Any) -> dict[str, str]:
+    """Everything about the inputs that can fail, checked before Prefect starts (one line each).
 
-    # cheap checks before any Prefect start-up: the config can work, the inputs open, the output is allowed
-    check_config(cfg)
-    check_output_path(args.out, args.source, args.audio, args.mix)
-    confine_output(args.out, args.source)
-    head = read_header(args.source)
-    if head.video:
-        check_frame_size(args.source, head.video[0].width, head.video[0].height, cfg.encode.pix_fmt)
+    The film is probed (frame count and rate), the dub and the mix are decoded at 8 kHz and measured
+    against the picture under `audio.length_policy`; the stems, the cast and the plan file open.
+    Returns the stems.
+    """
+    from tasks.media.audio import check_mix
+    from tasks.media.probe import probe, read_header
+    from tasks.media.profiles import check_size, delivery
+    from tasks.render.preflight import check_frame_size
+
+    info = probe(args.source, frame_count=cfg.probe.frame_count)
+    check_frame_size(args.source, info.width, info.height, delivery(cfg.encode, info.pix_fmt).pix_fmt)
+    check_size(cfg.encode, args.source, info.width, info.height)
     for p in (args.audio, args.mix):
         if p:
             read_header(p)
+            check_mix(p, frame_count=info.frame_count, fps=info.fps, policy=cfg.audio.length_policy)
     stems = _stems(args)
     from tasks.decision.cast import check_cast, plan_names
 
@@ -243,30 +248,48 @@ def cmd_dub(args: argparse.Namespace) -> int:
         from tasks.decision.plan_file import read_plan
 
         read_plan(args.plan)  # a malformed plan fails here; shot indices and spans are checked by the run
-    if args.no_prefect:
-        from flows.dub_film import dub_film_inline
+    return stems
 
-        out = dub_film_inline(
-            args.source, args.audio, args.out, args.mix, cfg.to_dict(), args.plan, overwrite=args.overwrite,
-            stems=stems,
-        )  # fmt: skip
-    else:
-        if not os.environ.get("PREFECT_API_URL"):
-            # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
-            os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-        from flows.dub_film import dub_film
 
-        out = dub_film(
-            args.source,
-            args.audio,
-            args.out,
-            args.mix,
-            cfg.to_dict(),
-            plan=args.plan,
-            overwrite=args.overwrite,
-            stems=stems,
-        )
-    print(out)
+def cmd_dub(args: argparse.Namespace) -> int:
+    extra = [f"backend.name={args.backend}"] if args.backend else []
+    cfg = _config(args, extra)
+    from flows.outputs import local_output, local_output_allowed
+    from tasks.media.assemble import check_output_path
+    from tasks.media.profiles import check_container
+    from tasks.render.preflight import check_config
+
+    # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
+    check_config(cfg)
+    check_output_path(args.out, args.source, args.audio, args.mix)
+    check_container(cfg.encode, args.out)
+    local_output(args.out)  # anywhere the user says; never a file dubflow did not write
+    stems = _check_dub_inputs(args, cfg)
+    from flows.film_tasks import workspace_root
+    from flows.run_log import log_path, run_log
+
+    with (
+        run_log(log_path(workspace_root(cfg), args.source)),
+        local_output_allowed(args.out, args.source) as out,
+    ):
+        if args.no_prefect:
+            from flows.dub_film import dub_film_inline
+
+            final = dub_film_inline(
+                args.source, args.audio, str(out), args.mix, cfg.to_dict(), args.plan, overwrite=args.overwrite,
+                stems=stems,
+            )  # fmt: skip
+        else:
+            if not os.environ.get("PREFECT_API_URL"):
+                # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
+                os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+            from flows.dub_film import dub_film
+
+            final = dub_film(
+                args.source, args.audio, str(out), args.mix, cfg.to_dict(), plan=args.plan,
+                overwrite=args.overwrite, stems=stems,
+            )  # fmt: skip
+    print(final)
     return 0
 
 
@@ -291,15 +314,20 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_note(ex: BaseException) -> str:
+    """`` (traceback in PATH)`` when the failure happened in a run that has a log file."""
+    path = getattr(ex, "run_log", None)
+    return f" (traceback in {path})" if path else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+    level = logging.DEBUG if args.debug else logging.INFO
+    if args.debug:
+        logging.basicConfig(level=level, format=FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
+    else:  # tracebacks go to the run's log file (flows/run_log.py), not to the console
+        logging.basicConfig(level=level, handlers=[console_handler(level)])
     for noisy in ("httpx", "httpcore"):  # Prefect's API client logs every request at INFO
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from tasks.errors import DubflowError
@@ -312,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except DubflowError as ex:
         if args.debug:
             raise
-        print(f"dubflow: error: {ex}", file=sys.stderr)
+        print(f"dubflow: error: {ex}", file=sys.stderr)  # a user's error: the line says it all
         return 1
     except KeyboardInterrupt:
         print("dubflow: interrupted", file=sys.stderr)
@@ -322,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         where = getattr(args, "source", None) or getattr(args, "dir", None) or "dubflow"
         msg = " ".join(f"{type(ex).__name__}: {ex}".split())
-        print(f"dubflow: error: {where}: {msg} (run with --debug for the traceback)", file=sys.stderr)
+        note = _log_note(ex) or " (run with --debug for the traceback)"
+        print(f"dubflow: error: {where}: {msg}{note}", file=sys.stderr)
         return 1
 
 

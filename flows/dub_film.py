@@ -84,6 +84,7 @@ from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
+from tasks.media.profiles import check_container
 from tasks.render.backend import BACKENDS
 from tasks.render.preflight import check_config
 from tasks.render.shot import PREVIEW_LABEL
@@ -284,6 +285,7 @@ def _checked(
     cfg = dataclasses.replace(cfg, workspace=dataclasses.replace(cfg.workspace, root=str(root)))
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
+    check_container(cfg.encode, out)
     check_config(cfg)
     stems = parse_stems(stems, "stems")
     if plan:  # the shot plan's characters: section names the automatic clusters

@@ -32,6 +32,7 @@ from flows.outputs import claim_output
 from flows.run_lock import hold_lock
 from flows.workspace import MANIFEST, RUN_LOCK, Workspace
 from tasks.config import PipelineConfig
+from tasks.media.profiles import check_size, delivery
 from tasks.render.preflight import check_frame_size
 
 
@@ -74,7 +75,10 @@ class FlowSteps:
 
     def probe(self, source: str) -> dict[str, Any]:
         video = self.runner.call(probe_source, source, self.cfgd, name=self.name)
-        check_frame_size(source, video["width"], video["height"], self.cfg.encode.pix_fmt)
+        check_frame_size(
+            source, video["width"], video["height"], delivery(self.cfg.encode, video["pix_fmt"]).pix_fmt
+        )
+        check_size(self.cfg.encode, source, video["width"], video["height"])
         return video
 
     def open(self, video: dict[str, Any]) -> None:

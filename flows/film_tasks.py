@@ -27,7 +27,7 @@ from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
 from tasks.files import atomic_write_json
 from tasks.media.assemble import AudioSource, assemble
-from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples
+from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
 from tasks.media.deliver import Destination, deliver, staging
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
@@ -406,7 +406,8 @@ def export_timeline(
     key: str = "",
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
-    workspace is kept, else their range of `out`) and the dub audio, at the source's timecodes; with
+    workspace is kept, else their range of `out`) and the dub audio (`<out stem>.dub.wav`, 48 kHz
+    24-bit), at the source's timecodes; with
     `timeline.edl` / `timeline.fcp_xml` also `<out stem>.edl` / `.xml`."""
     cfg = PipelineConfig.from_dict(config)
     shots = [
@@ -417,19 +418,24 @@ def export_timeline(
         }
         for r, row in zip(records, rows, strict=True)
     ]  # fmt: skip
+    fps = Fraction(video["fps"])
+    wav = Path(out).with_suffix(".dub.wav")  # the dub for audio post, exactly the picture's duration
+    post = {"duration_s": float(video["frame_count"] / fps), "pad": True}
     timeline = film_timeline(
-        Path(source).stem, Fraction(video["fps"]), source, video["frame_count"], shots, audio_path, out
+        Path(source).stem, fps, source, video["frame_count"], shots, wav, out, timecode=video.get("timecode")
     )
     formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
     if dest is None:
+        write_post_wav(audio_path, wav, **post)
         path = write_timeline(Path(out).with_suffix(".otio"), timeline)
         extras = write_extra_timelines(Path(out), timeline, formats)
     else:  # staged privately, then delivered like the film (never over a file dubflow did not write)
         where = Destination.from_dict(dest)
         with staging(where, Path(out).name) as folder:
-            staged = [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
+            staged = [write_post_wav(audio_path, folder / wav.name, **post)]
+            staged += [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
             staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
-            path, *extras = [deliver(where, f, f.name, key) for f in staged]
+            _, path, *extras = [deliver(where, f, f.name, key) for f in staged]
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
     for extra in extras:
         run_logger(log).info("edit-suite timeline %s", extra)
@@ -437,7 +443,9 @@ def export_timeline(
 
 
 def timeline_paths(out: str, config: dict[str, Any]) -> list[str]:
-    """The edit-suite sidecars `export_timeline` writes next to `out` (`.otio`, then `.edl` / `.xml`)."""
+    """The sidecars `export_timeline` writes next to `out` (`.dub.wav`, `.otio`, then `.edl` / `.xml`)."""
     cfg = PipelineConfig.from_dict(config)
-    suffixes = [".otio"] + [EXTRA_FORMATS[n][1] for n in EXTRA_FORMATS if getattr(cfg.timeline, n)]
+    suffixes = [".dub.wav", ".otio"] + [
+        EXTRA_FORMATS[n][1] for n in EXTRA_FORMATS if getattr(cfg.timeline, n)
+    ]
     return [str(Path(out).with_suffix(suffix)) for suffix in suffixes]

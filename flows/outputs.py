@@ -13,7 +13,9 @@ a file dubflow did not write (or one changed since) is never replaced. The same 
 edit-suite sidecars (``.otio``, ``.edl``, ``.xml``). From `claim_output` to the end of the run the
 output is locked (``.<name>.dubflow.lock``): a second film started with the same ``out`` fails at once
 naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
-`output_comment`) for people and tools; nothing trusts it. No Prefect here.
+`output_comment`) for people and tools; nothing trusts it. The local ``dubflow dub --out`` is not
+confined (`local_output`): its user chose the path at their own shell; only the foreign-file rule
+applies to it. No Prefect here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from flows.run_lock import hold_lock
@@ -141,3 +143,48 @@ def output_stamp(key: str) -> str:
 def output_comment(key: str, label: str | None = None) -> str:
     """The container ``comment`` of an output of workspace `key`: its stamp, then `label` if any."""
     return f"{output_stamp(key)} {label}" if label else output_stamp(key)
+
+
+# ------------------------------------------------------------- the local command's output (`dubflow dub --out`)
+
+
+def local_output(out: str | os.PathLike[str]) -> Path:
+    """The resolved output of the local `dubflow dub`: anywhere its user says, never a foreign file.
+
+    The person at their own shell chose the path, so no output root applies (the roots confine the
+    deployment's ``out`` parameter, `confine_output`). A missing folder is fine (the run creates it); an
+    existing file is refused unless dubflow wrote it (`check_overwrite` decides the rest in the run).
+    Raises OutputError naming the path; creates nothing.
+    """
+    resolved = Path(out).expanduser().resolve()
+    folder = resolved.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(out, f"{folder} is not a folder")
+    if resolved.exists():
+        if not resolved.is_file():
+            raise OutputError(out, "exists and is not a regular file")
+        if written_record(resolved) is None:
+            raise OutputError(out, NOT_OURS)
+    return resolved
+
+
+@contextlib.contextmanager
+def local_output_allowed(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> Iterator[Path]:
+    """While the block runs, this process's film run may write `out` (its folder is an output root).
+
+    For the local command only: its process is the host running the film flow, the roots being that
+    host's setting. The previous ``DUBFLOW_OUTPUT_ROOTS`` (set or not) is restored on exit.
+    """
+    resolved = local_output(out)
+    before = os.environ.get(ROOTS_ENV)
+    roots = [*output_roots(source), resolved.parent]
+    os.environ[ROOTS_ENV] = os.pathsep.join(str(r) for r in roots)
+    try:
+        yield resolved
+    finally:
+        if before is None:
+            os.environ.pop(ROOTS_ENV, None)
+        else:
+            os.environ[ROOTS_ENV] = before

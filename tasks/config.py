@@ -43,6 +43,7 @@ class AudioConfig:
     sample_rate: int
     channels: int
     length_policy: Literal["error", "pad", "trim", "fit"]
+    resampler: Literal["soxr_hq", "ffmpeg"]  # the dialogue track: librosa.load semantics, or ffmpeg's
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class EncodeConfig:
     audio_language: str
     keep_source_audio: bool
     intermediate: Literal["ffv1"]
+    profile: Literal["web", "mezzanine", "lossless"]  # tasks/media/profiles.py
+    mezzanine: Literal["prores_hq", "dnxhr_hqx"]
+    per_shot: bool  # each shot its own closed-GOP segment, joined by stream copy (tasks/media/segments.py)
 
 
 @dataclass(frozen=True)

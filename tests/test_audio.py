@@ -111,3 +111,26 @@ def test_audio_errors_name_the_file(tmp_path: Path):
     broken.write_bytes(good[:200] + bytes(len(good) - 200))
     with pytest.raises((DecodeError, MediaError), match="broken.flac"):
         decode_audio(broken, sample_rate=16000, channels=1)
+
+
+def test_the_model_hears_the_dub_as_librosa_load_does():
+    """The dialogue decode (`audio.resampler: soxr_hq`) is `librosa.load(path, sr=16000)` to the sample on the
+    file of the parity golden (44.1 kHz stereo); ffmpeg's -ac 1 -ar 16000 is +3 dB (its stereo down-mix) and
+    ~39 dB SNR away (its resampler) from it."""
+    import librosa
+
+    from tasks.config import load_config
+    from tasks.media.audio import decode_audio
+
+    wav = (
+        Path(__file__).parent / "fixtures" / "parity" / "wav2vec" / "file_to_features" / "dub_44k1_stereo.wav"
+    )
+    cfg = load_config().audio
+    assert cfg.resampler == "soxr_hq"
+    ours = decode_audio(wav, sample_rate=16000, channels=1, resampler=cfg.resampler)[:, 0]
+    official, _ = librosa.load(str(wav), sr=16000)
+    assert ours.dtype == official.dtype and np.array_equal(ours, official)
+    old = decode_audio(wav, sample_rate=16000, channels=1, resampler="ffmpeg")[:, 0]
+    gain = float(old @ official) / float(old @ old)
+    snr = 10 * np.log10(float(official @ official) / float(((gain * old - official) ** 2).sum()))
+    assert abs(20 * np.log10(1 / gain) - 3.01) < 0.05 and 30 < snr < 45

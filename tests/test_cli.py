@@ -140,9 +140,8 @@ def test_dry_run_keeps_count_rate_rotation_aspect(tmp_path: Path, name: str, cap
     assert (o.frame_count, o.rotation, o.dar) == (info.frame_count, info.rotation, info.dar)
     assert o.fps == info.fps and o.display_size == info.display_size
     assert psnr(decode_all(out), decode_all(src)) > 34
-    assert sha256(src) == before and not any(
-        (tmp_path / "ws").iterdir()
-    )  # film work dir removed after success
+    # film work dir removed after success; the run's log stays
+    assert sha256(src) == before and [p.name for p in (tmp_path / "ws").iterdir()] == [".logs"]
 
 
 # ----------------------------------------------------------------------------------------- bad inputs
@@ -279,3 +278,66 @@ def test_weights_verify_reports_problems(tmp_path: Path, capsys):
     rc = main(["weights", "verify", str(tmp_path / "none")])
     captured = capsys.readouterr()
     assert rc == 1 and captured.err.strip().startswith(f"dubflow: error: {tmp_path / 'none'}")
+
+
+# ----------------------------------------------------------------- the local command's output and errors
+
+
+def _dub(good, out: Path, tmp: Path, *extra: str, src: Path | None = None) -> int:
+    return main(["dub", str(src or good["src"]), "--audio", str(good["dub"]), "--out", str(out), "--no-prefect",
+                 "--backend", "passthrough", "--set", f"workspace.root={tmp / 'ws'}", *extra])  # fmt: skip
+
+
+def test_local_dub_writes_where_its_user_says(good, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    from flows.outputs import ROOTS_ENV, output_tag
+
+    roots = str(
+        tmp_path / "deployment-root"
+    )  # the deployment's confinement, which the shell user is not under
+    monkeypatch.setenv(ROOTS_ENV, roots)
+    out = tmp_path / "renders" / "new" / "film_de.mp4"
+    assert _dub(good, out, tmp_path) == 0
+    assert capsys.readouterr().out.strip() == str(out) and output_tag(out) is not None
+    assert probe(out).frame_count == 24
+    assert __import__("os").environ[ROOTS_ENV] == roots  # the roots of the process are restored
+    # a file dubflow did not write is never replaced, --overwrite or not
+    foreign = tmp_path / "renders" / "holiday.mp4"
+    foreign.write_bytes(good["src"].read_bytes())
+    for extra in ((), ("--overwrite",)):
+        assert _dub(good, foreign, tmp_path, *extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith("was not written by dubflow: refusing to overwrite it"), err
+    assert sha256(foreign) == sha256(good["src"])
+    # another film's dubflow output: refused in the run (one line; the traceback in the run log), replaced with --overwrite
+    other = make_clip(tmp_path / "other.mp4", (12, 12), seed=3)
+    assert _dub(good, out, tmp_path, src=other) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    line = [e for e in err if e.startswith("dubflow: error: ")]
+    assert len(line) == 1 and "pass --overwrite" in line[0] and "Traceback" not in "\n".join(err), err
+    (log_file,) = (tmp_path / "ws" / ".logs").glob("dub-*-other.log")  # the run's log holds the traceback
+    assert (
+        "Traceback (most recent call last)" in log_file.read_text()
+        and "pass --overwrite" in log_file.read_text()
+    )
+    assert _dub(good, out, tmp_path, "--overwrite", src=other) == 0
+
+
+def test_a_bad_input_is_one_line_before_prefect_starts(tmp_path: Path):
+    """On the sample film: a dub 1 s long fails the length check before Prefect is even imported."""
+    film = REPO / "data" / "sample_film.mp4"
+    short = make_audio(tmp_path / "short.wav", 1.0)
+    out = tmp_path / "renders" / "x.mp4"
+    code = (
+        "import sys, json\n"
+        "from flows.cli import main\n"
+        f"rc = main(['dub', {str(film)!r}, '--audio', {str(short)!r}, '--out', {str(out)!r},"
+        f" '--set', 'workspace.root={tmp_path / 'ws'}'])\n"
+        "print(json.dumps({'rc': rc, 'prefect': 'prefect' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DUBFLOW_OUTPUT_ROOTS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == {"rc": 1, "prefect": False, "torch": False}
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("dubflow: error: "), r.stderr
+    assert f"{short}: audio is 1.000 s, 11.012 s shorter than the picture" in r.stderr
+    assert not out.parent.exists() and not (tmp_path / "ws").exists()  # nothing written

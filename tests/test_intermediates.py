@@ -15,7 +15,7 @@ from tasks.media.intermediates import count_packets, crc_errors, read_marker, re
 from tasks.render.checkpoint_state import StateError, decode_state, encode_state, load_state, save_state
 from tasks.render.shot import render_shot_result
 from tests.media import decode_all, make_clip
-from tests.test_local_flow import FlakyBackend, _job
+from tests.test_local_flow import FlakyBackend, _job, inverted
 
 
 class TensorStateBackend(FlakyBackend):
@@ -58,7 +58,10 @@ def _half_done(tmp_path: Path, backend: FlakyBackend | None = None):
 
 def _finish_and_check(clip: Path, job, backend: FlakyBackend) -> dict:
     result = render_shot_result(job, backend=backend)
-    assert np.array_equal(decode_all(result["path"]), 255 - decode_all(clip)[5:37])  # every frame, exact
+    # every frame exactly what an uninterrupted render writes: the inverted frames in the source's yuv420p
+    assert np.array_equal(
+        decode_all(result["path"]), inverted(clip, 5, 37, Path(job.out_path).with_name("ref.mkv"))
+    )
     assert verify(result["path"], result["file"]) is None and result["file"]["frames"] == 32
     return result
 

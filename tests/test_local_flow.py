@@ -40,6 +40,17 @@ def _job(tmp: Path, clip: Path, overrides: list[str], start: int = 0, end: int |
     )
 
 
+def inverted(clip: Path, start: int, end: int, ref: Path) -> np.ndarray:
+    """What a shot intermediate of FlakyBackend's frames [start, end) decodes to: the inverted RGB in the
+    source's own yuv420p (`write_rendered` of an uninterrupted render)."""
+    from tasks.media.frames import NativeFrames, iter_frames, write_rendered
+
+    info = probe(clip)
+    rgb = np.stack(list(iter_frames(info, start, end)))
+    write_rendered(ref, info, 255 - rgb, rgb, NativeFrames(info, end), start)
+    return decode_all(ref)
+
+
 class FlakyBackend:
     """Counts its chunks, fails once at chunk `fail_at`, keeps a running state (like motion latents)."""
 
@@ -91,7 +102,9 @@ def test_render_shot_resumes_after_a_failed_chunk(tmp_path: Path):
     assert backend.calls == [0, 1, *range(2, n_chunks)] and backend.resumed_from == {"done": 2}
     assert progress[-1] == 1.0 and progress == sorted(progress)
     got = decode_all(out)
-    assert np.array_equal(got, 255 - decode_all(clip)[5:37])  # frame-exact, lossless intermediate
+    assert np.array_equal(
+        got, inverted(clip, 5, 37, tmp_path / "ref.mkv")
+    )  # frame-exact, lossless intermediate
     assert not Path(out).with_name("shot.chunks").exists()
 
 

@@ -1,13 +1,18 @@
-"""Join the shots' lossless intermediates, encode once, remux the dubbed audio — atomically.
+"""Join the shots' lossless intermediates into the deliverable, mux the dubbed audio — atomically.
 
-The shot intermediates (FFV1, coded orientation and size) are concatenated frame-exactly and
-re-timed to `n / fps` (so the output has the source's frame count and CFR timestamps), encoded
-once with the configured codec, and tagged with the source's display matrix (rotation) and
-sample aspect ratio. The final mix (or the dialogue track) is muxed with a language tag and cut
-(or padded, when the length policy allows) to the picture's duration. The output is written to
-a temp file in the destination directory and moved into place (`tasks.files.atomic_path`: fsynced,
-then `os.replace`); the source is never opened for writing. Each shot intermediate is checked against its done record (size and
-SHA-256) before it is used, so a corrupted or truncated shot is never delivered.
+The shot intermediates (FFV1, coded orientation and size, the source's own pixel format where it is
+planar Y'CbCr) are re-timed to `n / fps` (the output has the source's frame count and CFR
+timestamps) and encoded with the delivery profile (`tasks.media.profiles`: web, mezzanine or
+lossless; lossless passes the samples through unconverted), tagged with the source's display matrix
+(rotation), sample aspect ratio and colour. By default (`encode.per_shot`) each shot is its own
+closed-GOP segment, encoded only when its pixels or the encode changed (`tasks.media.segments`), and
+the film is their join by stream copy; `encode.per_shot: false` encodes the film in one pass. The
+final mix (or the dialogue track) is muxed with a language tag and cut (or padded, when the length
+policy allows) to the picture's duration. The output is written to a temp file in the destination
+directory and moved into place (`tasks.files.atomic_path`: fsynced, then `os.replace`; in a film run
+staged privately and delivered with a record, `tasks.media.deliver`); the source is never opened for writing. Each shot
+intermediate is checked against its done record (size and SHA-256) before it is used, so a corrupted
+or truncated shot is never delivered.
 
 VFR sources come out CFR at their average rate with the same frame count (documented limit).
 """
@@ -24,13 +29,14 @@ from tasks.errors import DecodeError, OutputError
 from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.deliver import Destination, deliver, staging
-from tasks.media.intermediates import IntermediateError, verify
+from tasks.media.intermediates import IntermediateError, count_packets, verify
 from tasks.media.probe import VideoInfo, probe
+from tasks.media.profiles import check_container, check_size, delivery
+from tasks.media.segments import SEGMENT_DIR, color_tags, encode_segment, prune, video_filters
 
 log = logging.getLogger(__name__)
 
 _MUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm"}
-_MATRICES = {"bt709": "bt709", "bt470bg": "bt601", "smpte170m": "bt601", "bt2020nc": "bt2020", "fcc": "fcc"}
 
 
 @dataclass(frozen=True)
@@ -65,19 +71,25 @@ def _ffconcat(paths: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_encode_args(
-    info: VideoInfo,
-    listing: Path,
-    audio: AudioSource | None,
-    cfg: EncodeConfig,
-    out_tmp: Path,
-    muxer: str,
-    stamp: str | None = None,
-) -> list[str]:
-    """The ffmpeg argument list of the final encode (pure). `stamp`: the container's `comment` tag
-    (`flows.outputs.output_comment`: the `dubflow:<key>` stamp first, then e.g. the preview label)."""
-    fps = info.fps
+def _audio_args(info: VideoInfo, audio: AudioSource | None, cfg: EncodeConfig) -> list[str]:
+    """The output's audio: the dub (cut or padded to the picture's duration, to the sample) + kept tracks."""
     dur = info.video_duration_s
+    args: list[str] = []
+    if audio is not None:
+        af = [f"apad=whole_dur={dur:.6f}"] if audio.pad else []
+        af.append(f"atrim=end={dur:.6f}")
+        args += ["-filter:a:0", ",".join(af), *delivery(cfg, info.pix_fmt).audio]
+        args += ["-metadata:s:a:0", f"language={cfg.audio_language}", "-disposition:a:0", "default"]
+        if cfg.keep_source_audio and info.audio:
+            for i in range(1, 1 + len(info.audio)):
+                args += [f"-c:a:{i}", "copy", f"-disposition:a:{i}", "0"]
+    elif cfg.keep_source_audio and info.audio:
+        args += ["-c:a", "copy"]
+    return args
+
+
+def _inputs(info: VideoInfo, listing: Path, audio: AudioSource | None, cfg: EncodeConfig) -> list[str]:
+    """The picture (an ffconcat listing), the dub and the source's audio, mapped."""
     args = ["-v", "error", "-y"]
     if info.rotation:
         args += ["-display_rotation", str(info.rotation)]
@@ -91,39 +103,53 @@ def build_encode_args(
         args += ["-map", "1:a:0"]
     if cfg.keep_source_audio and info.audio:
         args += ["-map", f"{2 if audio is not None else 1}:a"]
-    vf = [
-        f"settb={fps.denominator}/{fps.numerator}",
-        "setpts=N",
-        f"setsar={info.sar.numerator}/{info.sar.denominator}",
-    ]
-    matrix = _MATRICES.get(info.color_space or "")
-    rng = "full" if info.color_range == "pc" else "tv"
-    if matrix:
-        vf.append(f"scale=out_color_matrix={matrix}:out_range={rng}")
-    vf.append(f"format={cfg.pix_fmt}")
-    args += ["-vf", ",".join(vf), "-r", f"{fps.numerator}/{fps.denominator}"]
-    args += ["-c:v", cfg.codec, "-pix_fmt", cfg.pix_fmt]
-    if cfg.codec in ("libx264", "libx265", "libsvtav1", "libaom-av1", "libvpx-vp9"):
-        args += ["-crf", str(cfg.crf)]
-    if cfg.codec in ("libx264", "libx265", "libsvtav1"):
-        args += ["-preset", str(cfg.preset)]
-    if matrix:
-        args += ["-colorspace", info.color_space, "-color_range", rng]
-    if audio is not None:
-        af = [f"apad=whole_dur={dur:.6f}"] if audio.pad else []
-        af.append(f"atrim=end={dur:.6f}")
-        args += ["-filter:a:0", ",".join(af), "-c:a:0", cfg.audio_codec, "-b:a:0", cfg.audio_bitrate]
-        args += ["-metadata:s:a:0", f"language={cfg.audio_language}", "-disposition:a:0", "default"]
-        if cfg.keep_source_audio and info.audio:
-            for i in range(1, 1 + len(info.audio)):
-                args += [f"-c:a:{i}", "copy", f"-disposition:a:{i}", "0"]
-    elif cfg.keep_source_audio and info.audio:
-        args += ["-c:a", "copy"]
-    if muxer in ("mp4", "mov"):
-        args += ["-movflags", "+faststart"]
+    return args
+
+
+def _container(muxer: str, stamp: str | None, out_tmp: Path, timecode: str | None = None) -> list[str]:
+    args = ["-movflags", "+faststart"] if muxer in ("mp4", "mov") else []
+    if timecode:  # the source's start timecode: a conform finds each shot at the same timecode in both
+        args += ["-timecode", timecode]
     if stamp:
         args += ["-metadata", f"comment={stamp}"]
     return [*args, "-f", muxer, str(out_tmp)]
+
+
+def build_encode_args(
+    info: VideoInfo,
+    listing: Path,
+    audio: AudioSource | None,
+    cfg: EncodeConfig,
+    out_tmp: Path,
+    muxer: str,
+    stamp: str | None = None,
+) -> list[str]:
+    """The ffmpeg argument list of a one-pass encode of the whole film (pure; `encode.per_shot: false`).
+    `stamp`: the container's `comment` tag (`flows.outputs.output_comment`: the `dubflow:<key>` stamp
+    first, then e.g. the preview label)."""
+    fps = info.fps
+    d = delivery(cfg, info.pix_fmt)
+    args = _inputs(info, listing, audio, cfg)
+    args += ["-vf", ",".join(video_filters(info, d.pix_fmt)), "-r", f"{fps.numerator}/{fps.denominator}"]
+    args += [*d.video, *color_tags(info), *_audio_args(info, audio, cfg)]
+    return [*args, *_container(muxer, stamp, out_tmp, info.timecode)]
+
+
+def build_join_args(
+    info: VideoInfo,
+    listing: Path,
+    audio: AudioSource | None,
+    cfg: EncodeConfig,
+    out_tmp: Path,
+    muxer: str,
+    stamp: str | None = None,
+) -> list[str]:
+    """The ffmpeg argument list joining per-shot segments (`listing`) by stream copy and muxing the
+    audio (pure): the picture's bytes are the segments', its timestamps `n / fps` exactly."""
+    args = [*_inputs(info, listing, audio, cfg), "-c:v", "copy"]
+    if muxer in ("mp4", "mov"):
+        args += ["-video_track_timescale", str(info.fps.numerator)]
+    return [*args, *_audio_args(info, audio, cfg), *_container(muxer, stamp, out_tmp, info.timecode)]
 
 
 def verify_shots(shot_paths: list[str], records: list[dict | None]) -> None:
@@ -134,14 +160,10 @@ def verify_shots(shot_paths: list[str], records: list[dict | None]) -> None:
             raise IntermediateError(path, f"shot intermediate does not match its done record: {problem}")
 
 
-def _encode(
-    info: VideoInfo, listing: Path, audio: AudioSource | None, cfg: EncodeConfig, tmp: Path, muxer: str,
-    stamp: str | None, o: Path,
-) -> None:  # fmt: skip
-    """The final encode into `tmp`, verified (frame count, frame rate) before anything is moved."""
-    _, err = ffmpeg.run(
-        build_encode_args(info, listing, audio, cfg, tmp, muxer, stamp), path=o, what="final encode"
-    )
+def _encode(info: VideoInfo, args: list[str], tmp: Path, o: Path) -> None:
+    """The final encode (ffmpeg `args`, writing `tmp`), verified (frame count, frame rate) before
+    anything is moved."""
+    _, err = ffmpeg.run(args, path=o, what="final encode")
     if "Impossible to open" in err:  # the concat demuxer skips unreadable files with exit code 0
         raise DecodeError(o, f"final encode failed: {ffmpeg.last_error_line(err)}")
     got = probe(tmp)
@@ -172,6 +194,8 @@ def assemble(
     when the run began (`tasks.media.deliver`: staged privately, delivered with a record for `key`).
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
+    check_container(cfg, o)
+    check_size(cfg, info.path, info.width, info.height)
     for p in shot_paths:
         if not Path(p).is_file():
             raise DecodeError(p, "shot intermediate is missing")
@@ -181,13 +205,33 @@ def assemble(
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     listing = work / "shots.ffconcat"
-    listing.write_text(_ffconcat(shot_paths))
+    segments: list[Path] = []
+    if cfg.per_shot:  # each shot encoded once (or reused), joined by stream copy
+        frames = [r.get("frames") if r else None for r in (records or [None] * len(shot_paths))]
+        digests = [r.get("sha256") if r else None for r in (records or [None] * len(shot_paths))]
+        encoded = 0
+        for p, n, digest in zip(shot_paths, frames, digests, strict=True):
+            seg, fresh = encode_segment(
+                info, cfg, p, n if n is not None else count_packets(p), work / SEGMENT_DIR, digest, out=o
+            )
+            segments.append(seg)
+            encoded += fresh
+        log.info(
+            "%d of %d shot segment(s) encoded, %d reused", encoded, len(segments), len(segments) - encoded
+        )
+        listing.write_text(_ffconcat([str(s) for s in segments]))
+        build = build_join_args
+    else:
+        listing.write_text(_ffconcat(shot_paths))
+        build = build_encode_args
     if dest is not None:  # a private staging folder, then the checked rename (tasks/media/deliver.py)
         with staging(dest, o.name) as folder:
-            _encode(info, listing, audio, cfg, folder / o.name, muxer, stamp, o)
+            _encode(info, build(info, listing, audio, cfg, folder / o.name, muxer, stamp), folder / o.name, o)
             deliver(dest, folder / o.name, o.name, key)
     else:
         with atomic_path(o) as tmp:
-            _encode(info, listing, audio, cfg, tmp, muxer, stamp, o)
+            _encode(info, build(info, listing, audio, cfg, tmp, muxer, stamp), tmp, o)
+    if segments:
+        prune(work / SEGMENT_DIR, segments)  # what no version of this film uses any more
     log.info("wrote %s (%d frames at %s fps)", o, info.frame_count, info.fps)
     return str(o)

@@ -1,7 +1,8 @@
 """The dubbed dialogue track: decode, check its length against the picture, slice it per shot.
 
 Any container/codec ffmpeg reads (wav, flac, mp3, m4a, ...) at any rate/channel count is decoded
-to float32 PCM at the configured rate. Its length must match the picture (frame_count / fps)
+to float32 PCM at the configured rate; the dialogue track the model hears as the official pipeline's
+`librosa.load(path, sr=16000)` does (channel mean, soxr high quality: `audio.resampler`). Its length must match the picture (frame_count / fps)
 within one frame's duration unless the policy says otherwise: `error` (default), `pad` (append
 silence to a short track), `trim` (cut a long one), `fit` (either), each logged as a warning.
 
@@ -126,10 +127,55 @@ def _blocks(path: Path, head: ContainerHeader, sample_rate: int, channels: int) 
         raise DecodeError(path, f"cannot decode audio: {ex.problem}") from ex
 
 
-def decode_audio(path: str | Path, *, sample_rate: int, channels: int) -> np.ndarray:
-    """Decode the first audio stream of `path` to float32 PCM (n, channels) at `sample_rate`."""
+def _soxr_hq(samples: np.ndarray, rate: int, sample_rate: int, channels: int) -> np.ndarray:
+    """`librosa.load(path, sr=sample_rate)` from decoded (n, ch) float32 at its own `rate`: the channel
+    mean when `channels` is 1 (`librosa.to_mono`), then `librosa.resample(res_type="soxr_hq")`."""
+    import librosa  # the model's audio path only
+
+    y = samples.mean(axis=1, dtype=np.float32) if channels == 1 else samples.T  # (n,) or (ch, n)
+    y = librosa.resample(y, orig_sr=rate, target_sr=sample_rate, res_type="soxr_hq")
+    return np.ascontiguousarray(y.reshape(-1, 1) if channels == 1 else y.T, dtype=np.float32)
+
+
+def _resampled_blocks(
+    path: Path,
+    head: ContainerHeader,
+    sample_rate: int,
+    channels: int,
+    resampler: str,
+    limit: int | None = None,
+) -> Iterator[np.ndarray]:
+    """The first audio stream as float32 (n, channels) blocks at `sample_rate`. `resampler` "ffmpeg":
+    ffmpeg's own down-mix and resampler, streamed in one-second blocks; "soxr_hq": the samples at the
+    file's own rate and channels (ffmpeg decodes PCM to the values soundfile reads), then `librosa.load`'s
+    mono mix and soxr high-quality resampling (`_soxr_hq`, the official InfiniteTalk audio path), as one
+    block; its decode stops past `limit` output samples (when given), so memory stays bounded."""
+    if resampler != "soxr_hq":
+        yield from _blocks(path, head, sample_rate, channels)
+        return
+    if not head.audio:
+        raise NoAudioStream(path, f"no audio stream ({head.container})")
+    rate, ch = head.audio[0].sample_rate, head.audio[0].channels
+    native_limit = None if limit is None else -(-limit * rate // sample_rate) + rate  # ceil, plus 1 s
+    got, m = [], 0
+    for block in _blocks(path, head, rate, ch):
+        got.append(block)
+        m += block.shape[0]
+        if native_limit is not None and m >= native_limit:
+            break
+    if not got:
+        return
+    samples = np.concatenate(got)
+    yield _soxr_hq(samples, rate, sample_rate, channels) if (rate, ch) != (sample_rate, channels) else samples
+
+
+def decode_audio(
+    path: str | Path, *, sample_rate: int, channels: int, resampler: str = "ffmpeg"
+) -> np.ndarray:
+    """Decode the first audio stream of `path` to float32 PCM (n, channels) at `sample_rate`
+    (`resampler`: see `_resampled_blocks`)."""
     p = Path(path)
-    blocks = list(_blocks(p, read_header(p), sample_rate, channels))
+    blocks = list(_resampled_blocks(p, read_header(p), sample_rate, channels, resampler))
     if not blocks:
         raise MediaError(p, "audio stream contains no samples")
     return np.concatenate(blocks)
@@ -202,7 +248,7 @@ def prepare_dialogue(
     with atomic_path(out) as tmp:
         fmt = "WAV" if limit * channels * 4 < 3_500_000_000 else "RF64"
         with sf.SoundFile(str(tmp), "w", sr, channels, subtype="FLOAT", format=fmt) as wav:
-            for block in _blocks(p, head, sr, channels):
+            for block in _resampled_blocks(p, head, sr, channels, cfg.resampler, limit):
                 keep = block[: max(0, picture - n)]
                 wav.write(keep)
                 tail.append(block[keep.shape[0] : keep.shape[0] + max(0, limit - max(n, picture))])
@@ -258,3 +304,18 @@ def read_samples(track: DialogueTrack, start: int, end: int) -> np.ndarray:
     with sf.SoundFile(track.path) as f:
         f.seek(start)
         return f.read(end - start, dtype="float32", always_2d=True)
+
+
+def write_post_wav(audio_path: str | Path, out_wav: str | Path, *, duration_s: float, pad: bool) -> Path:
+    """The delivered audio for audio post: 48 kHz, 24-bit PCM WAV, cut (or padded with silence, when
+    the length policy padded it) to the picture's duration, written atomically."""
+    out = Path(out_wav)
+    af = [f"apad=whole_dur={duration_s:.6f}"] if pad else []
+    af.append(f"atrim=end={duration_s:.6f}")
+    with atomic_path(out) as tmp:
+        ffmpeg.run(
+            ["-v", "error", "-y", "-i", str(audio_path), "-map", "0:a:0", "-af", ",".join(af),
+             "-ar", "48000", "-c:a", "pcm_s24le", "-f", "wav", str(tmp)],
+            path=audio_path, what="writing the audio-post WAV",
+        )  # fmt: skip
+    return out

@@ -1,5 +1,8 @@
 """Frame I/O: decoding source frames by index and writing lossless intermediates.
 
+Intermediates hold the source's own pixel format where it is planar Y'CbCr (`tasks.media.native`):
+`iter_native` decodes without conversion, `write_rendered` puts a rendered chunk's changed pixels in.
+
 Decoding: ffmpeg rawvideo rgb24 pipes in generators (`iter_frames`), frame-accurate by index —
 CFR sources seek to half a frame before the wanted frame (ffmpeg decodes from the previous
 keyframe and drops everything earlier), VFR sources decode from the start and `select` by index.
@@ -20,6 +23,7 @@ import numpy as np
 from tasks.errors import DecodeError, MediaError
 from tasks.files import AtomicFile
 from tasks.media import ffmpeg
+from tasks.media.native import PixelLayout, intermediate_pix_fmt, native_layout, paste_changed
 from tasks.media.probe import VideoInfo
 
 if TYPE_CHECKING:
@@ -88,6 +92,80 @@ def iter_frames(
         raise DecodeError(info.path, f"decoded {got} frames from frame {start}, expected {count}")
 
 
+def iter_native(info: VideoInfo, start: int = 0, end: int | None = None) -> Iterator[np.ndarray]:
+    """Yield frames [start, end) decoded in the source's own planar Y'CbCr format, each a flat array
+    (`PixelLayout.planes` views it), with no conversion: the values the source decodes to."""
+    layout = native_layout(info.pix_fmt, info.color_range)
+    if layout is None:
+        raise MediaError(info.path, f"{info.pix_fmt} is not a planar Y'CbCr format")
+    end = info.frame_count if end is None else end
+    if not 0 <= start <= end <= info.frame_count:
+        raise ValueError(f"frame range [{start}, {end}) outside [0, {info.frame_count})")
+    if end == start:
+        return
+    size = layout.frame_bytes(info.height, info.width)
+    got = 0
+    for buf in ffmpeg.read_blocks(
+        _decode_args(info, start, end - start, [], info.pix_fmt), size, path=info.path
+    ):
+        yield np.frombuffer(buf, layout.dtype)
+        got += 1
+    if got != end - start:
+        raise DecodeError(info.path, f"decoded {got} frames from frame {start}, expected {end - start}")
+
+
+class NativeFrames:
+    """The source's frames in its own format, read forward by one decoder (re-opened on a jump)."""
+
+    def __init__(self, info: VideoInfo, end: int):
+        self.info, self.end = info, end
+        self._it: Iterator[np.ndarray] | None = None
+        self._pos = -1
+
+    def take(self, start: int, n: int) -> np.ndarray:
+        """Frames [start, start + n): (n, samples per frame)."""
+        if self._pos != start or self._it is None:
+            self.close()
+            self._it, self._pos = iter_native(self.info, start, self.end), start
+        frames = [next(self._it) for _ in range(n)]
+        self._pos += n
+        return np.stack(frames)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close:
+            close()
+        self._it = None
+
+
+def write_rendered(
+    path: str | Path,
+    info: VideoInfo,
+    rendered: np.ndarray,
+    source_rgb: np.ndarray,
+    native: NativeFrames | None,
+    start: int,
+) -> None:
+    """Write a rendered chunk (uint8 RGB (T, H, W, 3) for source frames [start, start + T)) as a shot
+    intermediate: with `native` (the film is planar Y'CbCr) in the source's own format, only the pixels
+    the backend changed (vs `source_rgb`, the RGB it was given) converted (`tasks.media.native`)."""
+    with LosslessWriter(path, (info.height, info.width), info.fps, **intermediate_format(info)) as w:
+        if native is None or w.layout is None:
+            w.write(rendered)
+        else:
+            frames = native.take(start, rendered.shape[0])
+            w.write(paste_changed(frames, rendered, source_rgb, w.layout, info.color_space))
+
+
+def intermediate_format(info: VideoInfo) -> dict[str, str | None]:
+    """The `LosslessWriter` format arguments of a film's intermediates (its own format when it can)."""
+    return {
+        "pix_fmt": intermediate_pix_fmt(info.pix_fmt),
+        "color_space": info.color_space,
+        "color_range": info.color_range,
+    }
+
+
 def read_frames(info: VideoInfo, indices: Iterable[int]) -> dict[int, np.ndarray]:
     """Decode specific frames (e.g. reference frames): {index: uint8 (H, W, 3)}."""
     out: dict[int, np.ndarray] = {}
@@ -141,17 +219,35 @@ class FrameCursor:
 
 
 class LosslessWriter:
-    """Write uint8 RGB frames to an FFV1 (lossless) Matroska file, atomically.
+    """Write frames to an FFV1 (lossless) Matroska file, atomically.
 
     Usage: `with LosslessWriter(path, (h, w), fps) as w: w.write(frames)`; the file appears at
-    `path` only if the block exits normally and ffmpeg succeeded.
+    `path` only if the block exits normally and ffmpeg succeeded. `pix_fmt` "gbrp" (default): uint8 RGB
+    (H, W, 3) frames stored as RGB; a planar Y'CbCr format: flat frames in it (`iter_native`), stored
+    as they are and tagged with `color_space` / `color_range` (metadata only, no conversion).
     """
 
-    def __init__(self, path: str | Path, size_hw: tuple[int, int], fps: Fraction):
+    def __init__(
+        self,
+        path: str | Path,
+        size_hw: tuple[int, int],
+        fps: Fraction,
+        *,
+        pix_fmt: str = "gbrp",
+        color_space: str | None = None,
+        color_range: str | None = None,
+    ):
         self.path = Path(path)
         self.size_hw = size_hw
         self.fps = fps
         self.count = 0
+        self.layout: PixelLayout | None = None if pix_fmt == "gbrp" else native_layout(pix_fmt, color_range)
+        if pix_fmt != "gbrp" and self.layout is None:
+            raise MediaError(self.path, f"cannot write {pix_fmt} intermediates (gbrp or planar Y'CbCr)")
+        self.pix_fmt = pix_fmt
+        self._tags = [f"colorspace={color_space}"] if color_space else []
+        if color_range in ("tv", "pc"):
+            self._tags.append(f"range={'limited' if color_range == 'tv' else 'full'}")
         self._target: AtomicFile | None = None
         self._ctx = None
         self._pipe = None
@@ -159,22 +255,33 @@ class LosslessWriter:
     def __enter__(self) -> LosslessWriter:
         self._target = AtomicFile(self.path)
         h, w = self.size_hw
-        args = ["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}"]
-        args += ["-framerate", str(self.fps), "-i", "-", "-c:v", "ffv1", "-level", "3", "-pix_fmt", "gbrp"]
+        raw = "rgb24" if self.layout is None else self.pix_fmt
+        args = ["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", raw, "-s", f"{w}x{h}"]
+        args += ["-framerate", str(self.fps), "-i", "-"]
+        if self.layout is not None and self._tags:
+            args += ["-vf", "setparams=" + ":".join(self._tags)]
+        args += ["-c:v", "ffv1", "-level", "3", "-pix_fmt", self.pix_fmt]
         args += ["-f", "matroska", str(self._target.tmp)]
         self._ctx = ffmpeg.write_pipe(args, path=self.path, what="writing lossless intermediate")
         self._pipe = self._ctx.__enter__()
         return self
 
+    def _check(self, f: np.ndarray) -> None:
+        if self.layout is None:
+            shape, dtype = (*self.size_hw, 3), np.dtype(np.uint8)
+        else:
+            shape, dtype = (self.layout.frame_samples(*self.size_hw),), self.layout.dtype
+        if f.shape != shape or f.dtype != dtype:
+            raise MediaError(
+                self.path, f"frame {self.count} is {f.shape} {f.dtype}, expected {shape} {dtype}"
+            )
+
     def write(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
-        if isinstance(frames, np.ndarray) and frames.ndim == 3:
+        one = 3 if self.layout is None else 1  # the dimensions of one frame
+        if isinstance(frames, np.ndarray) and frames.ndim == one:
             frames = [frames]
         for f in frames:
-            if f.shape != (*self.size_hw, 3) or f.dtype != np.uint8:
-                raise MediaError(
-                    self.path,
-                    f"frame {self.count} is {f.shape} {f.dtype}, expected {(*self.size_hw, 3)} uint8",
-                )
+            self._check(f)
             self._pipe.write(np.ascontiguousarray(f).tobytes())
             self.count += 1
 

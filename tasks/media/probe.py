@@ -80,6 +80,7 @@ class ContainerHeader:
     video: tuple[StreamHeader, ...]
     audio: tuple[AudioStreamInfo, ...]
     n_streams: int
+    timecode: str | None = None  # the first start timecode tag (HH:MM:SS:FF, ';' drop-frame) of input #0
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class VideoInfo:
     audio: tuple[AudioStreamInfo, ...] = field(default=())
     container_start_s: float = 0.0  # the container's start time (what `ffmpeg -ss` is relative to)
     max_keyframe_interval_s: float = 10.0  # longest GOP: how far before a frame a seek must land
+    timecode: str | None = None  # the film's start timecode (frame 0), HH:MM:SS:FF; None when untagged
 
     @property
     def seek_offset_s(self) -> float:
@@ -262,6 +264,7 @@ def parse_ffmpeg_info(text: str, path: str | Path = "<input>") -> ContainerHeade
     videos: list[StreamHeader] = []
     audios: list[AudioStreamInfo] = []
     n_streams = 0
+    timecode = None
     last_kind = None
     in_input0 = False
     for line in text.splitlines():
@@ -291,6 +294,10 @@ def parse_ffmpeg_info(text: str, path: str | Path = "<input>") -> ContainerHeade
             else:
                 last_kind = None
             continue
+        m = re.match(r"^\s+timecode\s*: (\d\d:\d\d:\d\d[:;.]\d\d)\s*$", line)
+        if m:
+            timecode = timecode or m[1]
+            continue
         m = re.match(r"^\s+DURATION\s*: (\d+:\d+:[\d.]+)", line)
         if m and last_kind == "Video" and videos:
             videos[-1] = StreamHeader(**{**videos[-1].__dict__, "tag_duration_s": _seconds(m[1])})
@@ -308,7 +315,7 @@ def parse_ffmpeg_info(text: str, path: str | Path = "<input>") -> ContainerHeade
             if "Invalid data found" in ln:
                 reason = "not a media file ffmpeg can read (invalid data)"
         raise NotAMediaFile(path, reason)
-    return ContainerHeader(container, duration, start, tuple(videos), tuple(audios), n_streams)
+    return ContainerHeader(container, duration, start, tuple(videos), tuple(audios), n_streams, timecode)
 
 
 def parse_framecrc(lines: Iterable[str]) -> tuple[Fraction, list[int], list[int], list[bool]]:
@@ -466,7 +473,7 @@ def probe(path: str | Path, *, frame_count: str = "packets") -> VideoInfo:
         color_range=v.color_range, color_space=v.color_space, width=v.width, height=v.height,
         sar=v.sar, rotation=v.rotation, fps=fps, time_base=tb, frame_count=count, vfr=vfr,
         audio=head.audio, container_start_s=head.start_s or 0.0,
-        max_keyframe_interval_s=max_keyframe_interval(pts, keys, tb),
+        max_keyframe_interval_s=max_keyframe_interval(pts, keys, tb), timecode=head.timecode,
     )  # fmt: skip
     _check_truncation(p, info, v.tag_duration_s)
     return info

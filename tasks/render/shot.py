@@ -40,7 +40,16 @@ from tasks.errors import DecodeError, MediaError
 from tasks.files import atomic_path
 from tasks.media import ffmpeg
 from tasks.media.audio import DialogueTrack, read_samples
-from tasks.media.frames import FrameCursor, LosslessWriter, iter_frames, read_frames
+from tasks.media.frames import (
+    FrameCursor,
+    LosslessWriter,
+    NativeFrames,
+    intermediate_format,
+    iter_frames,
+    iter_native,
+    read_frames,
+    write_rendered,
+)
 from tasks.media.intermediates import clean_temps, read_marker, record_written, write_marker
 from tasks.media.probe import VideoInfo, probe
 from tasks.picture.color import match_and_blend
@@ -156,9 +165,12 @@ def run_dir(out: Path) -> Path:
 
 
 def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
-    """Write the shot's decoded source frames unchanged into its lossless intermediate."""
-    with LosslessWriter(out, (info.height, info.width), info.fps) as w:
-        for frame in iter_frames(info, plan.start_frame, plan.end_frame):
+    """Write the shot's decoded source frames unchanged into its lossless intermediate (in the source's
+    own pixel format where it is planar Y'CbCr: the decoded values bit for bit)."""
+    fmt = intermediate_format(info)
+    with LosslessWriter(out, (info.height, info.width), info.fps, **fmt) as w:
+        native = fmt["pix_fmt"] != "gbrp"
+        for frame in (iter_native if native else iter_frames)(info, plan.start_frame, plan.end_frame):
             w.write(frame)
 
 
@@ -313,6 +325,9 @@ def render_shot_result(
         start = min(min(c.ref_frame, c.src_start) for c in todo)
         lookback = max(c.src_end - min(c.ref_frame, c.src_start) for c in todo) + 1
         cursor = FrameCursor(info, plan.start_frame + start, plan.end_frame, lookback=lookback)
+        native = (
+            NativeFrames(info, plan.end_frame) if intermediate_format(info)["pix_fmt"] != "gbrp" else None
+        )
         with timer("decode"):
             first_frame = (
                 read_frames(info, [plan.start_frame])[plan.start_frame] if shot_first and start > 0 else None
@@ -324,7 +339,7 @@ def render_shot_result(
             )
         io = _ChunkIO(
             info, plan, cfg, backend, session, cursor, shot_audio, track.sample_rate, segments, checkpoints,
-            timer, first_frame,
+            timer, first_frame, native,
         )  # fmt: skip
         try:
             waits = run_chunks(
@@ -340,6 +355,8 @@ def render_shot_result(
         finally:
             session.close()
             cursor.close()
+            if native is not None:
+                native.close()
         session_timings = getattr(session, "timings", None)
         if callable(session_timings):
             timer.add(session_timings())
@@ -425,6 +442,7 @@ class _ChunkIO:
     checkpoints: ChunkCheckpoints
     timer: _Timer
     first_frame: np.ndarray | None  # the shot's first frame (colour reference `shot_first`), read on demand
+    native: NativeFrames | None  # the source's own decoded samples (planar Y'CbCr intermediates), else None
 
     def read(self, c: Any) -> tuple[ChunkInput, np.ndarray]:
         """The chunk's input (frames, reference, audio window) and its colour reference."""
@@ -438,14 +456,15 @@ class _ChunkIO:
         window = chunk_audio(self.shot_audio, self.sample_rate, self.plan, c.index)
         return ChunkInput(c, frames, ref, window, self.sample_rate), color_ref
 
-    def generate(self, c: Any, got: tuple[ChunkInput, np.ndarray]) -> tuple[Any, np.ndarray, Any]:
+    def generate(self, c: Any, got: tuple[ChunkInput, np.ndarray]) -> tuple[Any, np.ndarray, Any, np.ndarray]:
         inp, color_ref = got
         with self.timer("backend"):
             finish = dub_chunk_deferred(self.session, inp)
-        return finish, color_ref, self.session.state()  # the state after this chunk, for its checkpoint
+        # the state after this chunk (for its checkpoint) and the source frames (what stays unchanged)
+        return finish, color_ref, self.session.state(), inp.frames
 
-    def write(self, c: Any, product: tuple[Any, np.ndarray, Any]) -> None:
-        finish, color_ref, st = product
+    def write(self, c: Any, product: tuple[Any, np.ndarray, Any, np.ndarray]) -> None:
+        finish, color_ref, st, source_rgb = product
         info = self.info
         with self.timer("composite"):
             chunk_out = finish()
@@ -460,7 +479,9 @@ class _ChunkIO:
             with self.timer("colour"):
                 chunk_out = color_correct(chunk_out, color_ref, self.cfg.color.strength)
         with self.timer("encode"):
-            if n_out:
-                with LosslessWriter(self.segments[c.index], (info.height, info.width), info.fps) as w:
-                    w.write(chunk_out)
+            if n_out:  # only what the backend changed; the rest stays the source's decoded values
+                s0 = self.plan.start_frame
+                write_rendered(
+                    self.segments[c.index], info, chunk_out, source_rgb, self.native, s0 + c.src_start
+                )
             self.checkpoints.commit(c.index, n_out, st)  # verified, then marked done

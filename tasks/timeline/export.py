@@ -1,9 +1,12 @@
 """The dubbed film as an OpenTimelineIO timeline for the edit suite (DaVinci Resolve, Premiere via OTIO).
 
-Three tracks at the film's exact frame rate: `source` (each shot a clip of the source film at its own
-frame range), `dubbed` (each shot's lossless per-shot intermediate, or the shot's range of the delivered
-file when the workspace is not kept), both at the shot's source timecode, and `dub audio` (the mix or
-dialogue track the film was delivered with). Each clip's metadata names the shot, its result key and
+Three tracks at the film's exact frame rate, starting at the film's own start timecode: `source` (each
+shot a clip of the source film at its own frame range), `dubbed` (each shot's lossless per-shot
+intermediate, or the shot's range of the delivered file, which carries the same start timecode, when the
+workspace is not kept), both at the shot's source timecode, and `dub audio` (the 48 kHz / 24-bit WAV
+for audio post next to the timeline). Reels are named after their files in at most 8 characters (the
+film, `<stem>DUB` for the delivered file, `D<index>` for a shot's intermediate), clips after their
+shots (`SH0001`), so a CMX conform finds every event by reel and timecode. Each clip's metadata names the shot, its result key and
 whether it was dubbed. Also, through the OTIO plug-in adapters `otio-cmx3600-adapter` and `otio-fcp-adapter`
 (`write_extra_timelines`): a CMX 3600 EDL of the `dubbed` track (an EDL holds one video track, and the
 adapter writes no audio events) and a Final Cut Pro 7 XML of all three tracks.
@@ -13,6 +16,7 @@ Timeline records only: no media is read; the caller passes paths and frame range
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -29,9 +33,35 @@ def _range(start: int, frames: int, rate: float) -> otio.opentime.TimeRange:
     )
 
 
-def _media(path: str | Path, frames: int, rate: float) -> otio.schema.ExternalReference:
+def _media(path: str | Path, frames: int, rate: float, first: int = 0) -> otio.schema.ExternalReference:
+    """A file whose frame 0 is at timecode frame `first`."""
     return otio.schema.ExternalReference(
-        target_url=Path(path).resolve().as_uri(), available_range=_range(0, frames, rate)
+        target_url=Path(path).resolve().as_uri(), available_range=_range(first, frames, rate)
+    )
+
+
+def start_frame(timecode: str | None, fps: Fraction) -> int:
+    """The film's start timecode (HH:MM:SS:FF, ';' drop-frame) as a frame number at `fps` (0 when None)."""
+    if not timecode:
+        return 0
+    return round(otio.opentime.from_timecode(timecode.replace(".", ":"), float(fps)).value)
+
+
+def reel_name(stem: str, suffix: str = "", length: int = 8) -> str:
+    """A CMX 3600 reel name: upper-case letters and digits of `stem`, then `suffix`, at most `length`."""
+    base = re.sub(r"[^A-Z0-9]", "", stem.upper()) or "REEL"
+    return base[: length - len(suffix)] + suffix
+
+
+def shot_name(index: int) -> str:
+    """A shot's clip name, 8 characters at most (CMX clip names and Resolve's reel column)."""
+    return f"SH{index:04d}" if index < 10_000 else f"S{index:07d}"[:8]
+
+
+def _clip(name: str, media, start: int, frames: int, rate: float, reel: str, meta: dict) -> otio.schema.Clip:
+    meta = {**meta, "cmx_3600": {"reel": reel}}
+    return otio.schema.Clip(
+        name=name, media_reference=media, source_range=_range(start, frames, rate), metadata=meta
     )
 
 
@@ -43,47 +73,40 @@ def film_timeline(
     shots: Sequence[Mapping[str, Any]],
     audio: str | Path,
     delivered: str | Path | None = None,
+    timecode: str | None = None,
 ) -> otio.schema.Timeline:
     """The timeline. `shots`: index, start_frame, end_frame, key, dubbed, reason and `path` (the shot's
-    intermediate, or None to cut the shot's range from `delivered`)."""
+    intermediate, or None to cut the shot's range from `delivered`). `timecode`: the film's start
+    timecode; source ranges are at the film's own timecode (the delivered file carries the same start
+    timecode), reels are named after their files (<= 8 characters), clips after their shots (`shot_name`)."""
     rate = float(fps)
+    tc0 = start_frame(timecode, fps)
+    film_reel = reel_name(Path(film).stem)
+    dub_reel = reel_name(Path(delivered).stem if delivered else Path(film).stem, "DUB")
     source = otio.schema.Track(name="source", kind=otio.schema.TrackKind.Video)
     dubbed = otio.schema.Track(name="dubbed", kind=otio.schema.TrackKind.Video)
     for shot in shots:
         start, end = int(shot["start_frame"]), int(shot["end_frame"])
-        label = f"shot {shot['index']:04d}"
+        label = shot_name(int(shot["index"]))
         meta = {"dubflow": {k: shot.get(k) for k in ("index", "key", "dubbed", "reason")}}
-        source.append(
-            otio.schema.Clip(
-                name=label,
-                media_reference=_media(film, frame_count, rate),
-                source_range=_range(start, end - start, rate),
-                metadata=meta,
-            )  # fmt: skip
-        )
-        if shot.get("path"):
-            media, first = _media(shot["path"], end - start, rate), 0
+        film_media = _media(film, frame_count, rate, tc0)
+        source.append(_clip(label, film_media, tc0 + start, end - start, rate, film_reel, meta))
+        if shot.get("path"):  # the shot's own intermediate: its own reel, at the shot's source timecode
+            media, reel = (
+                _media(shot["path"], end - start, rate, tc0 + start),
+                f"D{int(shot['index']):05d}"[:8],
+            )
         elif delivered is not None:
-            media, first = _media(delivered, frame_count, rate), start
+            media, reel = _media(delivered, frame_count, rate, tc0), dub_reel
         else:
             raise ValueError(f"{label}: no intermediate and no delivered file to cut it from")
-        dubbed.append(
-            otio.schema.Clip(
-                name=f"{label} dubbed",
-                media_reference=media,
-                source_range=_range(first, end - start, rate),
-                metadata=meta,
-            )  # fmt: skip
-        )
+        dubbed.append(_clip(f"{label}D"[:8], media, tc0 + start, end - start, rate, reel, meta))
     sound = otio.schema.Track(name="dub audio", kind=otio.schema.TrackKind.Audio)
     sound.append(
-        otio.schema.Clip(
-            name=Path(audio).name,
-            media_reference=_media(audio, frame_count, rate),
-            source_range=_range(0, frame_count, rate),
-        )  # fmt: skip
-    )
-    timeline = otio.schema.Timeline(name=name, global_start_time=otio.opentime.RationalTime(0, rate))
+        _clip(Path(audio).name, _media(audio, frame_count, rate, tc0), tc0, frame_count, rate,
+              reel_name(Path(audio).stem, "A"), {})
+    )  # fmt: skip
+    timeline = otio.schema.Timeline(name=name, global_start_time=otio.opentime.RationalTime(tc0, rate))
     timeline.tracks.extend([source, dubbed, sound])
     return timeline
 

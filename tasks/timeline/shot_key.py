@@ -41,7 +41,7 @@ from typing import Any
 
 from tasks.media.audio import DialogueTrack, read_samples
 
-RENDER_VERSION = 3  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+RENDER_VERSION = 4  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 # 3: RetinaFace replaces YuNet (other face boxes, so other crops); speaker switches split the chunk plan
 
 # Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault

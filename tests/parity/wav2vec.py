@@ -1,6 +1,7 @@
 """Parity runner for `wav2vec/*` goldens: `get_embedding` cases and loudness normalisation.
 
-Dispatch on content: a case with a waveform input and a [frames, layers, hidden] output is an
+Dispatch on content: a case naming an `input_file` is file -> features (the dialogue decode with
+librosa.load semantics, loudness normalisation, embedding); a case with a waveform input and a [frames, layers, hidden] output is an
 embedding case (frame rate = frames_float / duration_s from `video_length`, default 25; the HF
 model folder from `model_dir`, else the one folder with a config.json); a case with `normalized`
 style outputs and LUFS fields is loudness normalisation. Intermediate outputs (normalised input,
@@ -85,9 +86,32 @@ def _run_loudness(case_dir: Path, manifest: dict) -> None:
     assert np.array_equal(loudness_normalize(short, 16000, target), short)
 
 
+def _run_file(case_dir: Path, manifest: dict, parity_root: Path) -> None:
+    """file -> features: dubflow's dialogue decode (`audio.resampler` soxr_hq, what `prepare_dialogue`
+    uses), loudness normalisation and embedding against the official path's tensors."""
+    from tasks.config import load_config
+    from tasks.media.audio import decode_audio
+
+    cfg = load_config().audio
+    goldens = load_tensors(case_dir / "outputs.safetensors")
+    path = case_dir / manifest["input_file"]
+    wave = decode_audio(path, sample_rate=cfg.sample_rate, channels=cfg.channels, resampler=cfg.resampler)[
+        :, 0
+    ]
+    assert_close(torch.from_numpy(wave), goldens["waveform"], 1e-6, f"{case_dir.name}/waveform")
+    normalized = loudness_normalize(wave, cfg.sample_rate)
+    assert_close(torch.from_numpy(normalized), goldens["normalized"], 1e-6, f"{case_dir.name}/normalized")
+    enc: AudioEncoder = load_wav2vec(_model_dir(case_dir, manifest, parity_root), dtype=torch.float32)
+    vl = manifest.get("video_length", {})
+    fps = vl["frames_float"] / vl["duration_s"] if {"frames_float", "duration_s"} <= set(vl) else 25.0
+    assert_close(enc.embed(normalized, fps=fps), goldens["audio_emb"], TOL, f"{case_dir.name}/audio_emb")
+
+
 def run_case(case_dir: Path, manifest: dict, parity_root: Path) -> None:
     text = " ".join(str(v) for v in (manifest.get("description", ""), *manifest.get("semantics", [])))
-    if any("LUFS" in k for k in manifest) or "loudness" in text.lower() and "get_embedding" not in text:
+    if "input_file" in manifest:
+        _run_file(case_dir, manifest, parity_root)
+    elif any("LUFS" in k for k in manifest) or "loudness" in text.lower() and "get_embedding" not in text:
         _run_loudness(case_dir, manifest)
     elif (case_dir / "outputs.safetensors").is_file():
         _run_embedding(case_dir, manifest, parity_root)
