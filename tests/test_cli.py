@@ -306,7 +306,7 @@ def test_local_dub_writes_where_its_user_says(good, tmp_path: Path, monkeypatch:
     for extra in ((), ("--overwrite",)):
         assert _dub(good, foreign, tmp_path, *extra) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].endswith("was not written by dubflow: refusing to overwrite it"), err
+        assert len(err) == 1 and err[0].endswith("was not written by dubflow (or was changed since): refusing to overwrite it"), err
     assert sha256(foreign) == sha256(good["src"])
     # another film's dubflow output: refused in the run (one line; the traceback in the run log), replaced with --overwrite
     other = make_clip(tmp_path / "other.mp4", (12, 12), seed=3)
@@ -339,5 +339,5 @@ def test_a_bad_input_is_one_line_before_prefect_starts(tmp_path: Path):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res == {"rc": 1, "prefect": False, "torch": False}
     assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("dubflow: error: "), r.stderr
-    assert f"{short}: audio is 1.000 s, 11.012 s shorter than the picture" in r.stderr
+    assert f"{short}: audio is 1.000 s by its header, 11.012 s shorter than the picture" in r.stderr
     assert not out.parent.exists() and not (tmp_path / "ws").exists()  # nothing written
