@@ -108,11 +108,10 @@ def shot_model_hw(
     """The model size (H, W) a shot with this dub `decision` (`tasks.decision.record.ShotDecision`) is
     generated at: its combined region plan's bucket, or the full frame's (`ModelGeometry`), as the session
     maps it. Pure: the planning step knows every shot's decision, so it knows every size a film uses."""
-    from tasks.decision.shot_decision import decision_regions
     from tasks.infinitetalk.tiny import tiny_hw
     from tasks.picture.region import combine_regions
 
-    parts = [(r.start_frame, r.end_frame, r.plan) for r in decision_regions(decision)]
+    parts = [(r.start_frame, r.end_frame, r.plan) for r in decision.regions]
     rplan = combine_regions(parts, num_frames, blend_frames)[0] if parts else None
     bucket = geometry.model_hw if rplan is None or rplan.mode == "full" else rplan.bucket
     return tiny_hw(bucket) if tiny else tuple(bucket)
