@@ -65,6 +65,14 @@ def attempts(ws_root: Path) -> dict[str, dict[int, int]]:
     return counts
 
 
+def film_shots(ws_root: Path) -> int | None:
+    """The number of shots the film run detected (its workspace's `shots-*.json`): the soak film's
+    flat shots can detect as fewer than `--shots` when two neighbouring textures are alike."""
+    for path in ws_root.glob("*/shots-*.json"):
+        return len(json.loads(path.read_text())["shots"])
+    return None
+
+
 def run_and_wait(stack: Stack, params: dict[str, Any], timeout_s: float) -> str:
     """Start a dub-film/default run (no `--watch`: its event stream does not survive a server restart)
     and poll its state through the API, riding out the restarts; its final state type and message."""
@@ -174,12 +182,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         injector.join(timeout=1)
         result["film_run"] = {"state": state, "wall_s": round(time.monotonic() - t0, 1)}
         counts = attempts(stack.workspace)
+        n_shots = film_shots(stack.workspace) or args.shots
     result["faults"] = events
     done, failed = counts.get("done", {}), counts.get("failed", {})
     result["renders"] = {
-        "shots_done_once": sum(1 for i in range(args.shots) if done.get(i) == 1),
+        "shots_detected": n_shots,
+        "shots_done_once": sum(1 for i in range(n_shots) if done.get(i) == 1),
         "shots_done_more_than_once": sorted(i for i, n in done.items() if n > 1),
-        "shots_never_done": sorted(set(range(args.shots)) - set(done)),
+        "shots_never_done": sorted(set(range(n_shots)) - set(done)),
         "failed_attempts": sum(failed.values()),
     }
     if state.startswith("COMPLETED"):
@@ -190,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 config={**CONFIG, "workspace": {"root": str(base / "clean-ws")}})  # fmt: skip
         a, b = frame_md5s(out), frame_md5s(Path(clean))
         result["frames_equal_clean_run"] = a == b and len(a) == frames
-    result["ok"] = (state.startswith("COMPLETED") and result["renders"]["shots_done_once"] == args.shots
+    result["ok"] = (state.startswith("COMPLETED") and result["renders"]["shots_done_once"] == n_shots
                     and not result["renders"]["failed_attempts"] and result.get("frames_equal_clean_run", False))  # fmt: skip
     if not args.keep:
         subprocess.run(["rm", "-rf", str(base)], check=False)
