@@ -16,7 +16,11 @@ and the project's virtual environment:
    `.whl/bundle-<sha12>.part-K-of-N` (K from 1). `scripts/device_bundle.sh install` on the device
    collects the parts across commands, checks the tar's SHA-256, installs it into a persistent folder.
 
-    /work/main/.venv/bin/python scripts/device_bundle.py [--part-mib N] [--dry-run]
+    /work/main/.venv/bin/python scripts/device_bundle.py [--smoke] [--part-mib N] [--dry-run]
+
+`--smoke`: the GPU smoke's bundle (benchmarks/gpu_smoke.py: the per-shot path, no orchestration): the same
+without Prefect and what only Prefect needs (48 MiB against 90: three parts instead of five, so one
+device command less of transfer before the smoke).
 
 Prints the plan (what is carried and why the rest is not) and the device commands. Network: PyPI only.
 """
@@ -103,9 +107,11 @@ def closure(roots: list[str]) -> dict[str, str]:
     return pinned
 
 
-def plan(image: set[str]) -> tuple[list[str], dict[str, str]]:
-    """(pins to download, {name: why not carried}) for the film run on the device."""
-    needed = closure(["prefect", *project_roots()])
+def plan(image: set[str], smoke: bool = False) -> tuple[list[str], dict[str, str]]:
+    """(pins to download, {name: why not carried}) for the film run on the device (`smoke`: the GPU
+    smoke's per-shot path, which never imports Prefect)."""
+    roots = [r for r in project_roots() if canonicalize_name(r) != "prefect"]
+    needed = closure(roots if smoke else ["prefect", *roots])
     carried = sorted(f"{n}=={v}" for n, v in needed.items() if n not in image)
     skipped = {n: "on the image" for n in needed if n in image}
     skipped |= EXCLUDED
@@ -169,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part-mib", type=float, default=None,
                         help="part size (default: 64 MiB - the working tree - 3 MiB)")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="the GPU smoke's bundle: no Prefect")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, download nothing")
     parser.add_argument("--no-download", action="store_true", help="pack the wheels already in .whl/wheels")
     args = parser.parse_args(argv)
-    pins, skipped = plan(image_names())
+    pins, skipped = plan(image_names(), smoke=args.smoke)
     for name, why in sorted(skipped.items()):
         log.info("not carried: %s (%s)", name, why)
     log.info("carried (%d): %s", len(pins), " ".join(pins))

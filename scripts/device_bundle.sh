@@ -79,9 +79,15 @@ cmd_check() {
   [ -f "$DEST/env.sh" ] || die "no $DEST/env.sh: run install (every part) first"
   # shellcheck disable=SC1091
   . "$DEST/env.sh"
-  prefect version >/dev/null 2>&1 || die "prefect CLI does not start: $(prefect version 2>&1 | tail -n 1)"
-  say "prefect $(prefect version 2>/dev/null | awk '/^Version:/ {print $2}')"
-  PYTHONPATH="$PWD:$PYTHONPATH" "$PY" - <<'PY'
+  local smoke=0
+  if [ -d "$DEST/site" ] && ! ls "$DEST/site" | grep -q '^prefect-.*dist-info$'; then
+    smoke=1  # a `device_bundle.py --smoke` bundle: the per-shot path only
+    say "smoke bundle (no Prefect): checking the per-shot path"
+  else
+    prefect version >/dev/null 2>&1 || die "prefect CLI does not start: $(prefect version 2>&1 | tail -n 1)"
+    say "prefect $(prefect version 2>/dev/null | awk '/^Version:/ {print $2}')"
+  fi
+  DUBFLOW_SMOKE_BUNDLE=$smoke PYTHONPATH="$PWD:$PYTHONPATH" "$PY" - <<'PY'
 import importlib.metadata as md
 import subprocess
 import sys
@@ -95,12 +101,19 @@ enc = subprocess.run([exe, "-hide_banner", "-encoders"], capture_output=True, te
 if "libx264" not in enc:
     sys.exit(f"device_bundle: error: {exe} has no libx264 encoder")
 print(f"device_bundle: ffmpeg {exe} (libx264: yes)", file=sys.stderr)
-import flows.dub_film  # noqa: F401  the orchestration and everything it imports
+import os
+
+if os.environ["DUBFLOW_SMOKE_BUNDLE"] == "1":
+    import tasks.render.shot  # noqa: F401  the per-shot path (benchmarks/gpu_smoke.py)
+else:
+    import flows.dub_film  # noqa: F401  the orchestration and everything it imports
 import tasks.perception.face_analysis  # noqa: F401  faces + VAD (planning)
 import tasks.timeline.export  # noqa: F401  the edit-suite timeline
 
 # Not carried on purpose (scripts/device_bundle.py EXCLUDED): unmet requirements naming them are expected.
 expected = {"opencv-python", "dlib-bin", "face-recognition-models", "optimum-quanto"}
+if os.environ["DUBFLOW_SMOKE_BUNDLE"] == "1":
+    expected.add("prefect")
 unmet = []
 for dist in md.distributions():
     for spec in dist.requires or []:
