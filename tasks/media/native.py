@@ -11,7 +11,9 @@ crop). Pure numpy here; decoding and writing are `tasks.media.frames`'.
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +82,8 @@ def intermediate_pix_fmt(pix_fmt: str) -> str:
 def rgb_to_planes(
     rgb: np.ndarray, layout: PixelLayout, color_space: str | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """uint8 (H, W, 3) RGB -> float Y (H, W), Cb, Cr (chroma_hw: block means) in `layout`'s code values."""
+    """uint8 (..., H, W, 3) RGB -> float Y (..., H, W), Cb, Cr (chroma_hw: block means) in `layout`'s
+    code values (leading dimensions, e.g. frames, are kept)."""
     kr, kb = _MATRICES.get(color_space or "", _BT601)
     x = rgb.astype(np.float32) / 255.0
     r, g, b = x[..., 0], x[..., 1], x[..., 2]
@@ -97,28 +100,33 @@ def rgb_to_planes(
 
 
 def _pad_to_blocks(a: np.ndarray, layout: PixelLayout) -> np.ndarray:
-    h, w = a.shape[:2]
+    h, w = a.shape[-2:]
     ph, pw = -h % layout.sy, -w % layout.sx
-    return np.pad(a, ((0, ph), (0, pw)), mode="edge") if ph or pw else a
+    pad = [(0, 0)] * (a.ndim - 2) + [(0, ph), (0, pw)]
+    return np.pad(a, pad, mode="edge") if ph or pw else a
 
 
-def _blocks(a: np.ndarray, layout: PixelLayout) -> np.ndarray:
-    """(H, W) -> (H / sy, W / sx, sy * sx): the pixels each chroma sample covers (edges replicated)."""
+def _block_views(a: np.ndarray, layout: PixelLayout) -> list[np.ndarray]:
+    """(..., H, W) -> sy * sx strided views (..., H / sy, W / sx): the pixels each chroma sample covers,
+    one view per position in the block, row by row (edges replicated). Views, not an axis of length
+    sy * sx: numpy reduces a short last axis slowly (40 ms a 1080p frame for `any` over RGB)."""
     a = _pad_to_blocks(a, layout)
-    h, w = a.shape
-    return (
-        a.reshape(h // layout.sy, layout.sy, w // layout.sx, layout.sx)
-        .swapaxes(1, 2)
-        .reshape(h // layout.sy, w // layout.sx, -1)
-    )
+    return [a[..., i :: layout.sy, j :: layout.sx] for i in range(layout.sy) for j in range(layout.sx)]
 
 
 def _block_mean(a: np.ndarray, layout: PixelLayout) -> np.ndarray:
-    return _blocks(a, layout).mean(axis=-1)
+    views = _block_views(a, layout)
+    total = views[0].copy()
+    for v in views[1:]:  # summed in block order, as a mean over the block would
+        total += v
+    return total / len(views)
 
 
 def _code(values: np.ndarray, layout: PixelLayout) -> np.ndarray:
     return np.clip(np.rint(values), 0, (1 << layout.depth) - 1).astype(layout.dtype)
+
+
+PASTE_BATCH = 4  # frames converted together: bounds the float temporaries (~50 MB a batch at 1080p)
 
 
 def paste_changed(
@@ -127,31 +135,66 @@ def paste_changed(
     source_rgb: np.ndarray,
     layout: PixelLayout,
     color_space: str | None,
+    *,
+    workers: int | None = None,
 ) -> np.ndarray:
     """The source's decoded frames with the backend's changes put in (the rest untouched, bit for bit).
 
     native: (T, S) flat frames in `layout` (the source decoded in its own format); rendered and
     source_rgb: uint8 (T, H, W, 3), the backend's output and the RGB decode it was given. A luma sample
     takes the rendered value where that pixel's RGB differs from the source's; a chroma sample where
-    every pixel it covers differs (so no sample that covers an untouched pixel changes).
+    every pixel it covers differs (so no sample that covers an untouched pixel changes). Batches of
+    `PASTE_BATCH` frames are converted on `workers` threads (default: up to 8 CPUs; numpy releases the
+    GIL), as this runs in the render's writer thread, which must keep up with the model.
     """
-    t, h, w, _ = rendered.shape
+    t = rendered.shape[0]
     out = np.array(native, copy=True)
-    for k in range(t):
-        changed = np.any(rendered[k] != source_rgb[k], axis=-1)  # (H, W)
-        if not changed.any():
-            continue
-        rows, cols = np.nonzero(changed.any(axis=1))[0], np.nonzero(changed.any(axis=0))[0]
-        # the changed pixels' bounding box, widened to whole chroma blocks: only it is converted
-        y0, y1 = rows[0] // layout.sy * layout.sy, min(h, -(-(rows[-1] + 1) // layout.sy) * layout.sy)
-        x0, x1 = cols[0] // layout.sx * layout.sx, min(w, -(-(cols[-1] + 1) // layout.sx) * layout.sx)
-        yy, uu, vv = rgb_to_planes(rendered[k, y0:y1, x0:x1], layout, color_space)
-        py, pu, pv = layout.planes(out[k], h, w)
-        mask = changed[y0:y1, x0:x1]
-        py[y0:y1, x0:x1][mask] = _code(yy[mask], layout)
-        cmask = _blocks(mask, layout).all(axis=-1)
-        cy0, cx0 = y0 // layout.sy, x0 // layout.sx
-        region = (slice(cy0, cy0 + cmask.shape[0]), slice(cx0, cx0 + cmask.shape[1]))
-        pu[region][cmask] = _code(uu[cmask], layout)
-        pv[region][cmask] = _code(vv[cmask], layout)
+    batches = [slice(a, a + PASTE_BATCH) for a in range(0, t, PASTE_BATCH)]
+    n = max(1, min(len(batches), workers or min(8, os.cpu_count() or 1)))
+
+    def paste(sl: slice) -> None:
+        _paste_batch(out[sl], rendered[sl], source_rgb[sl], layout, color_space)
+
+    if n == 1:
+        for sl in batches:
+            paste(sl)
+    else:
+        with ThreadPoolExecutor(n, thread_name_prefix="paste") as pool:
+            list(pool.map(paste, batches))  # re-raises the first failure
     return out
+
+
+def _paste_batch(
+    out: np.ndarray,
+    rendered: np.ndarray,
+    source_rgb: np.ndarray,
+    layout: PixelLayout,
+    color_space: str | None,
+) -> None:
+    """`paste_changed` on a few frames, in place on `out` (t, S): one conversion of the frames' common
+    bounding box of changed pixels, widened to whole chroma blocks (blocks are aligned to the frame, so
+    a sample's value does not depend on the box)."""
+    t, h, w, _ = rendered.shape
+    diff = rendered != source_rgb  # (t, H, W, 3)
+    changed = diff[..., 0] | diff[..., 1] | diff[..., 2]  # (t, H, W)
+    rows = np.flatnonzero(changed.any(axis=(0, 2)))
+    if not rows.size:
+        return
+    cols = np.flatnonzero(changed.any(axis=(0, 1)))
+    y0, y1 = rows[0] // layout.sy * layout.sy, min(h, -(-(rows[-1] + 1) // layout.sy) * layout.sy)
+    x0, x1 = cols[0] // layout.sx * layout.sx, min(w, -(-(cols[-1] + 1) // layout.sx) * layout.sx)
+    yy, uu, vv = rgb_to_planes(rendered[:, y0:y1, x0:x1], layout, color_space)
+    ch, cw = layout.chroma_hw(h, w)
+    py = out[:, : h * w].reshape(t, h, w)  # views into `out` (splitting one axis never copies)
+    pu = out[:, h * w : h * w + ch * cw].reshape(t, ch, cw)
+    pv = out[:, h * w + ch * cw :].reshape(t, ch, cw)
+    mask = changed[:, y0:y1, x0:x1]
+    np.copyto(py[:, y0:y1, x0:x1], _code(yy, layout), where=mask)
+    views = _block_views(mask, layout)
+    cmask = views[0].copy()  # (t, ch, cw) of the box: every pixel of the block changed
+    for v in views[1:]:
+        cmask &= v
+    cy0, cx0 = y0 // layout.sy, x0 // layout.sx
+    region = (slice(None), slice(cy0, cy0 + cmask.shape[1]), slice(cx0, cx0 + cmask.shape[2]))
+    np.copyto(pu[region], _code(uu, layout), where=cmask)
+    np.copyto(pv[region], _code(vv, layout), where=cmask)
