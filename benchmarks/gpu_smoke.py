@@ -16,7 +16,9 @@ split is exact). Runs (each in its own process, so model load and peak memory ar
     is taken by the planning step (`prepare_decision`, as a film run prepares shots) before the load's
     warm-up, which then compiles at every model size the decision uses (the face-crop bucket);
   * gguf: the `--gguf Q8_0|Q4_K` random real-size GGUF root (`real_root.write_gguf_root`: the DiT as GGUF,
-    the rest symlinked from the root) at `--default-steps` steps (no LoRA merges into GGUF).
+    the rest symlinked from the root) at `--default-steps` steps (no LoRA merges into GGUF). It needs the
+    GGUF file's size free beside the root (17.7 GB for Q8_0): on the H200's 64 GB disk remove the base
+    root's DiT shards first (the gguf run never reads them); the writer says so before writing.
 `--cap-gib N` caps each run's CUDA allocator at N GiB (`torch.cuda.set_per_process_memory_fraction`,
 benchmarks/smoke_real.py) before anything is allocated: the H200 as a 24 or 16 GiB card.
 The shot: 10 s of 1280x720 at 24 fps (a moving test pattern, H.264; `--clip FILE` uses a given one) with

@@ -12,6 +12,7 @@ in seconds instead of quantizing 14 B floats).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,6 +181,15 @@ def write_gguf(
     return path
 
 
+def _data_bytes(shape: tuple[int, ...], kind: int) -> int:
+    """Bytes of one tensor's data in the file (`kind` from `tensor_type`)."""
+    n = int(np.prod(shape))
+    if kind in BLOCKS:
+        per, nbytes = BLOCKS[kind]
+        return n // per * nbytes
+    return n * (4 if kind == F32 else 2)
+
+
 def write_gguf_stream(
     path: Path | str,
     items: list[tuple[str, tuple[int, ...]]],
@@ -197,21 +207,25 @@ def write_gguf_stream(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     kinds = [tensor_type(name, shape, qtype, float_type) for name, shape in items]
+    need = sum(_data_bytes(shape, kind) for (_, shape), kind in zip(items, kinds, strict=True))
+    free = shutil.disk_usage(path.parent).free
+    if free < need:  # found before the header, not 16 GB into the file
+        raise OSError(f"{path}: needs {need / 1e9:.1f} GB of tensor data, {free / 1e9:.1f} GB free there")
     writer = GGUFWriter(str(path), arch=ARCH)
     writer.add_quantization_version(2)
     for (name, shape), kind in zip(items, kinds, strict=True):
-        n = int(np.prod(shape))
         if kind in BLOCKS:
             per, nbytes = BLOCKS[kind]
             byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
             writer.add_tensor_info(
-                name, byte_shape, np.dtype(np.uint8), n // per * nbytes, GGMLQuantizationType(kind)
+                name, byte_shape, np.dtype(np.uint8), _data_bytes(shape, kind), GGMLQuantizationType(kind)
             )
         else:
-            size = 4 if kind == F32 else 2
             dtype = np.dtype(np.float32 if kind == F32 else np.uint8 if kind == BF16 else np.float16)
             shape_in = shape if kind != BF16 else (*shape[:-1], shape[-1] * 2)
-            writer.add_tensor_info(name, shape_in, dtype, n * size, GGMLQuantizationType(kind))
+            writer.add_tensor_info(
+                name, shape_in, dtype, _data_bytes(shape, kind), GGMLQuantizationType(kind)
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
