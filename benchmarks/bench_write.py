@@ -8,9 +8,11 @@ per 10 s shot and left the writer 1-2 chunks behind at the end of the shot.
 Cases: the 720p moving test pattern with every pixel changed (the smoke's full-frame run) and the 1080p
 real talking head (`benchmarks/smoke_real.py`'s shot) with a face-sized box changed (region mode). The
 "rendered" frames are the source's RGB with the box's values moved by one (what the backend returns is
-not what is measured here). Prints ms per frame, the median of `--repeats`.
+not what is measured here). Prints ms per frame, the median of `--repeats`. `--busy`: a pure-Python loop
+spins in another thread meanwhile, as the model loop does on the GPU host (compiled-graph launches and the
+sampler's Python hold the GIL), so what the writer does in Python rather than inside numpy shows.
 
-    PYTHONPATH=. python benchmarks/bench_write.py [--frames 72] [--repeats 3]
+    PYTHONPATH=. python benchmarks/bench_write.py [--frames 72] [--repeats 3] [--busy]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +62,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=72, help="frames per chunk (a middle chunk's new frames)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--busy", action="store_true", help="a GIL-holding Python thread runs beside")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     seconds = args.frames / 24 + 0.5
@@ -70,12 +74,24 @@ def main() -> int:
             ("720p test pattern, full frame", work / "pattern.mp4", None),
             ("1080p talking head, face box 520x400", work / "real.mp4", (300, 820, 760, 1160)),
         ]
+        stop = threading.Event()
+        if args.busy:
+            threading.Thread(target=_spin, args=(stop,), daemon=True).start()
         for name, src, box in cases:
             runs = [one_chunk(src, box, args.frames, work / "seg.mkv") for _ in range(args.repeats)]
             med = statistics.median(runs)
             log.info("%s: %.1f ms/frame (%d frames in %.2f s, median of %d)", name, med / args.frames * 1e3,
                      args.frames, med, args.repeats)  # fmt: skip
+        stop.set()
     return 0
+
+
+def _spin(stop: threading.Event) -> None:
+    """Pure-Python work that holds the GIL between its bytecodes (switch interval 5 ms)."""
+    n = 0
+    while not stop.is_set():
+        for i in range(10_000):
+            n += i
 
 
 if __name__ == "__main__":
