@@ -192,6 +192,16 @@ def _read_exact(stream: IO[bytes], n: int) -> bytes:
     return b"".join(parts)
 
 
+def start_encoder(args: Sequence[str], *, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """ffmpeg reading its stdin (a pipe) with `args`, for a writer that streams frames over several calls
+    (the QC preview); like every child here it dies with the thread that starts it, which must wait for
+    it (`write_pipe` is the one-block form)."""
+    return subprocess.Popen(
+        [ffmpeg_exe(), "-hide_banner", *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=stderr, preexec_fn=_dies_with_parent(),
+    )  # fmt: skip
+
+
 @contextmanager
 def write_pipe(args: Sequence[str], *, path: str | Path, what: str = "encoding") -> Iterator[IO[bytes]]:
     """Context manager yielding ffmpeg's stdin (e.g. rawvideo in, FFV1 out).

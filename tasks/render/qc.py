@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import imageio_ffmpeg
 import numpy as np
 
 from tasks.files import AtomicFile, atomic_write_bytes
+from tasks.media import ffmpeg
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def write_png(image: np.ndarray, out_path: str | os.PathLike[str]) -> Path:
 
 
 class Mp4Writer:
-    """Streams RGB frames of one size into an H.264 mp4 through imageio-ffmpeg's ffmpeg binary.
+    """Streams RGB frames of one size into an H.264 mp4 through the project's ffmpeg (`tasks.media.ffmpeg`).
 
     Use as a context manager; the file appears under its final name only after a clean finish.
     """
@@ -159,7 +159,7 @@ class Mp4Writer:
     def _start(self, h: int, w: int) -> None:
         self._target = AtomicFile(self.out)
         cmd = [
-            imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-y",
+            "-loglevel", "error", "-y",
             "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{self.fps}", "-i", "pipe:0",
         ]  # fmt: skip
         if self.audio is not None:
@@ -168,7 +168,7 @@ class Mp4Writer:
         cmd += ["-c:v", "libx264", "-preset", "veryfast", "-crf", str(self.crf), "-pix_fmt", "yuv420p"]
         cmd += ["-movflags", "+faststart", "-f", "mp4", str(self._target.tmp)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _cleanup()
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._log)
+        self._proc = ffmpeg.start_encoder(cmd, stderr=self._log)
 
     def write(self, frame: np.ndarray) -> None:
         """Append one ``(H, W, 3)`` uint8 frame (all frames must share the first frame's size)."""
