@@ -134,6 +134,7 @@ class InfiniteTalkBackend:
         if not todo:
             return {}
         t0 = time.perf_counter()
+        self._bind(todo[0][1])  # the models of the first size's shot (one resident set: its root and spec)
         self.models("dit", "vae", "clip")
         models_s = time.perf_counter() - t0
         sizes: dict[str, float] = {}
