@@ -74,7 +74,7 @@ def _workspace(ws_root: Path):
 
     (manifest,) = ws_root.glob("*/workspace.json")
     data = json.loads(manifest.read_text())
-    return Workspace(root=str(ws_root), key=manifest.parent.name, incarnation=data["incarnation"])
+    return Workspace(root=str(ws_root), key=data["key"], incarnation=data["incarnation"])
 
 
 def test_film_warms_every_planned_size_at_load_and_none_inside_a_shot(
@@ -116,6 +116,29 @@ def test_film_warms_every_planned_size_at_load_and_none_inside_a_shot(
     assert read_group_loads(ws) == loads and resident.loads["dit"] == 1
     again = {a["shot"]: a["key"] for a in read_attempts(ws) if a["key"] != keys.get(a["shot"])}
     assert all("warm_up" not in read_shot_done(ws, s, k)["result"]["timings_s"] for s, k in again.items())
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_dub_group_run_warms_before_its_first_shot_task(tmp_path: Path, resident: ResidentModels):
+    """The `dub-film` flow (groups as in-process `dub-group` runs): the group run's load warms shot 0's
+    face crop before its shot task, and the group's record names it with where it ran."""
+    from flows.dub_film import dub_film
+    from flows.report import group_report
+
+    root = tmp_path / "ws"
+    ensure_tiny_root(root / ".cache")
+    config = _film_config(root)
+    config["gate"]["overrides"][2] = "skip"  # shot 0 alone is dubbed
+    state = dub_film(str(FILM), str(DUB), str(tmp_path / "out.mp4"), config=config, return_state=True)
+    assert state.is_completed(), state.message
+    ws = _workspace(root)
+    (load,) = read_group_loads(ws)
+    assert list(load["warm_up_s"]) == ["32x48"] and load["shots"] == [0, 1, 2, 3, 4], load
+    assert load["pid"] > 0 and load["worker"], load
+    keys = {a["shot"]: a["key"] for a in read_attempts(ws)}
+    shots = [{"index": i, "key": keys[i]} for i in range(5)]
+    assert group_report(ws, shots)["loads"] == [load]
+    assert "warm_up" not in read_shot_done(ws, 0, keys[0])["result"]["timings_s"]
 
 
 def test_only_the_backends_own_dubbed_shots_add_sizes(
