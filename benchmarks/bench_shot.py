@@ -67,6 +67,7 @@ STAGES = (
     ("colour", ("colour",)),
     ("composite", ("crop", "composite")),
     ("encode", ("encode", "join")),
+    ("compile warm-up", ("warm_up",)),  # inside the shot: a size the load did not warm
     ("model load", ("load",)),
 )
 

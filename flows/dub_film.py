@@ -67,7 +67,7 @@ from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
 from flows.run_lock import hold_lock
-from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, render_group
+from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot
 from flows.workspace import (
@@ -129,6 +129,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     with hold_lock(
         group_lock_path(workspace, shots), f"group of shots {shots[0]['index']:04d}-{shots[-1]['index']:04d}"
     ):
+        load = load_group(workspace, film, shots, backends)  # the model load, warmed at the planned sizes
         failed = render_group(workspace, shots, run_shot, prepare)  # the lock: this group is alive
     if failed:
         first = next(iter(failed.items()))
@@ -137,7 +138,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
             f"{len(failed)} of {len(shots)} shot(s) failed: {list(failed)}; first: shot {first[0]:04d}: "
             f"{first[1]}; retry this run to redo them",
         )
-    return {"shots": [s["index"] for s in shots], "model_load_s": backends.load_s, **where}
+    return {"shots": [s["index"] for s in shots], "model_load_s": backends.load_s, "load": load, **where}
 
 
 def _group_cache_key(_context: Any, parameters: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_s
 from tasks.media.deliver import Destination, deliver, staging
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
-from tasks.render.backend import backend_weights_identity, check_backend_options
+from tasks.render.backend import backend_model_size, backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 from tasks.timeline.plan import plan_film
@@ -290,7 +290,8 @@ def decide_speakers(
             raise ConfigError(r["plan_file"], ex.problem) from ex
         agree = d.faces.mean_agreement() if d.faces is not None else {}
         out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"]),
-                           "agreement": {str(k): v for k, v in agree.items()}}  # fmt: skip
+                           "agreement": {str(k): v for k, v in agree.items()},
+                           "model_hw": backend_model_size(cfg, d, info, e - s)}  # fmt: skip
         logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
     return out
 

@@ -23,6 +23,7 @@ from tasks.decision.cast import CastPlan, cast_active, film_cast
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.media.audio import DialogueTrack, prepare_dialogue, read_samples, slice_bounds
 from tasks.media.probe import VideoInfo, probe
+from tasks.render.backend import backend_model_size
 from tasks.timeline.plan import plan_film
 from tasks.timeline.shot_key import shot_config
 from tasks.timeline.shots import ShotList, detect_shots
@@ -207,7 +208,13 @@ class LocalSteps:
             cache = faces_path(self.work_dir, r["index"], s, e, cfg)
             samples = read_samples(dialogue, a, b)
             d = decide_shot(r["index"], s, e, info, samples, dialogue.sample_rate, cfg, cache)
-            out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, s)}
+            hw = backend_model_size(cfg, d, info, e - s)  # what the group's load warms
+            out[r["index"]] = {
+                "dub": d.dub,
+                "reason": d.reason,
+                "regions": regions_json(d, s),
+                "model_hw": hw,
+            }
             log.debug("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass", d.reason)
         return out
 

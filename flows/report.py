@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.progress import artifact_key
-from flows.workspace import Workspace, read_shot_done, read_shot_failed
+from flows.workspace import Workspace, read_group_loads, read_shot_done, read_shot_failed
 
 
 def shot_rows(
@@ -92,7 +93,8 @@ def shot_timings(rows: list[dict[str, Any]], ws: Workspace, shots: list[dict[str
 
 
 def group_report(ws: Workspace, shots: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Done/failed shots of a group and where they were rendered (from the workspace markers)."""
+    """Done/failed shots of a group, where they were rendered (from the workspace markers) and its model
+    loads that warmed before the first shot (`flows.runners.load_group`: models and warm-up seconds)."""
     done, failed, workers = [], [], set()
     for shot in shots:
         record = read_shot_done(ws, shot["index"], shot["key"])
@@ -103,7 +105,9 @@ def group_report(ws: Workspace, shots: Sequence[dict[str, Any]]) -> dict[str, An
             record = read_shot_failed(ws, shot["index"], shot["key"])
         if record is not None and record.get("worker"):
             workers.add(f"{record['worker']}@{record.get('host', '?')}:{record.get('device', '?')}")
-    return {"done": done, "failed": failed, "workers": sorted(workers)}
+    group = group_lock_path(ws, shots).stem
+    loads = [r for r in read_group_loads(ws) if r.get("group") == group]  # warmed before its first shot
+    return {"done": done, "failed": failed, "workers": sorted(workers), "loads": loads}
 
 
 def publish_groups(

@@ -1,4 +1,5 @@
-"""How a film's shot groups run: `render_group` (every shot of a group in order, failures recorded and
+"""How a film's shot groups run: `load_group` (the group's model load, warmed at its shots' planned model
+sizes, before the first shot), `render_group` (every shot of a group in order, failures recorded and
 never stopping the others), `InlineRunner` (plain calls, no Prefect API: `dubflow dub --no-prefect`),
 `PrefectRunner` (task runs; groups as child runs of `dub-group`, on GPU workers or in-process) and
 `online_workers` (how many GPU workers to plan groups for).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
@@ -19,10 +21,11 @@ from typing import Any, Literal
 from prefect import Task
 from prefect.futures import wait
 
+from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.runtime import where_am_i
 from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot
-from flows.workspace import Workspace, mark_shot_failed, shot_done
+from flows.workspace import Workspace, log_group_load, mark_shot_failed, shot_done
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,26 @@ def render_group(
                 failed[shot["index"]] = failure_reason(error)
                 mark_shot_failed(ws, shot["index"], shot["key"], failed[shot["index"]], where_am_i())
     return failed
+
+
+def load_group(
+    ws: Workspace, film: dict[str, Any], shots: Sequence[dict[str, Any]], backends: BackendSlot
+) -> dict[str, Any]:
+    """The group's model load before its first shot, warmed at the sizes its shots still to render were
+    planned at (`BackendSlot.warm_up`), recorded apart from the shots (`log_group_load`): the record, {}
+    when nothing was warmed. A load that fails here is logged and left to the shots (each then loads and
+    fails with its own reason, as without this step)."""
+    try:
+        load = backends.warm_up(ws, film, list(shots))
+    except Exception as exc:
+        log.warning("group model load before its first shot failed (%s); the shots load", failure_reason(exc))
+        return {}
+    if not load:
+        return {}
+    record = {"group": group_lock_path(ws, shots).stem, "shots": [s["index"] for s in shots], **load,
+              **where_am_i(), "pid": os.getpid()}  # fmt: skip
+    log_group_load(ws, record)
+    return record
 
 
 def online_workers(pool: str) -> int:
@@ -100,8 +123,10 @@ class InlineRunner:
 
         states = {}
         for group in groups:
+            members = [shots[i] for i in group.shots]
+            load_group(ws, film, members, backends)  # warms only sizes the resident models are not warm for
             prepare = functools.partial(prepare_one_shot, ws, film, backends=gate)
-            failed = render_group(ws, [shots[i] for i in group.shots], run_shot, prepare)
+            failed = render_group(ws, members, run_shot, prepare)
             self.errors += [f"shot {i:04d}: {why}" for i, why in failed.items()]
             states[group.index] = "Failed" if failed else "Completed"
         return states

@@ -25,7 +25,7 @@ from flows.runtime import run_logger, where_am_i
 from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
-from tasks.render.backend import Backend, get_backend
+from tasks.render.backend import Backend, backend_warm_up, get_backend, planned_shot
 from tasks.render.shot import ShotJob, prepare_decision, render_shot_result
 from tasks.timeline.shot_key import shot_config
 
@@ -46,7 +46,8 @@ def failure_reason(exc: BaseException | None, fallback: str = "unknown error") -
 
 class BackendSlot:
     """The group's backend: built on first use (a group of cached shots loads nothing), then reused
-    for the group's later shots, so one group process pays one model load."""
+    for the group's later shots, so one group process pays one model load. `warm_up` makes that load
+    happen before the first shot, warmed at the sizes the group's shots were planned at."""
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
@@ -64,6 +65,16 @@ class BackendSlot:
             self._backend = get_backend(backend.name, backend.options, config=self.config)
             self.load_s = time.monotonic() - t0
         return self._backend
+
+    def warm_up(self, ws: Workspace, film: dict[str, Any], shots: list[dict[str, Any]]) -> dict[str, Any]:
+        """The group's model load before its first shot, for those of `shots` (film records) still to
+        render (`tasks.render.backend.backend_warm_up` at their planned model sizes): what it spent, {}
+        when nothing was warmed (no planned size, all warm already, or a backend without the hook)."""
+        todo = [s for s in shots if read_shot_done(ws, s["index"], s["key"]) is None]
+        planned = [planned_shot(film["config"], s) for s in todo]
+        if not any(p.model_hw is not None for p in planned):
+            return {}
+        return backend_warm_up(self.get(), planned)
 
 
 def shot_result(raw: str | dict[str, Any], shot: dict[str, Any], backend: str, seconds: float) -> dict:

@@ -14,6 +14,7 @@ Layout under ``<root>/<key>/`` (root: ``./workspace`` by default, or any path sh
     workspace.json          what the key was made of, plus a random incarnation id (see below)
     run.lock                held by the film run using the workspace (one at a time; flows/run_lock.py)
     attempts.jsonl          one line per shot attempt: status, host, worker, device, seconds
+    groups/loads.jsonl      one line per group model load that warmed: its models and warm-up seconds
     shots-<hash>.json       the shot partition, per shot-detection config
     dialogue-<fp>.wav       the decoded dub track, per dub file
     film/                   per-film caches (prompt embeddings, audio features: keyed inside)
@@ -72,6 +73,7 @@ MANIFEST = "workspace.json"
 DONE = "done.json"
 FAILED = "failed.json"
 ATTEMPTS = "attempts.jsonl"
+GROUP_LOADS = "groups/loads.jsonl"
 STORE_LAYOUT = "shot-store-1"  # the workspace layout version (part of the workspace key)
 RUN_LOCK = "run.lock"  # held by the film run using the workspace (flows/run_lock.py)
 SHOT_LOCK = "render.lock"  # in a shot result folder: held while the shot renders
@@ -350,17 +352,41 @@ def log_attempt(ws: Workspace, record: Mapping[str, Any]) -> None:
     One ``O_APPEND`` write per line, so concurrent writers on one file system never interleave lines.
     Never raises (the audit line is logged instead when it cannot be written, e.g. on a full disk).
     """
+    _append_line(ws.path / ATTEMPTS, record, "attempt")
+
+
+def log_group_load(ws: Workspace, record: Mapping[str, Any]) -> None:
+    """Append one group model load (group, where, models and warm-up seconds) to ``groups/loads.jsonl``,
+    as `log_attempt` does: what a film report states as "model load", apart from the shots."""
+    with contextlib.suppress(OSError):  # a failure to write is logged by `_append_line`
+        (ws.path / GROUP_LOADS).parent.mkdir(parents=True, exist_ok=True)
+    _append_line(ws.path / GROUP_LOADS, record, "group load")
+
+
+def read_group_loads(ws: Workspace) -> list[dict[str, Any]]:
+    """Every record of ``groups/loads.jsonl``, oldest first (an unreadable file: logged, none)."""
+    path = ws.path / GROUP_LOADS
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        log.warning("%s: cannot read the group load records (%s); ignored", path, exc)
+        return []
+
+
+def _append_line(path: Path, record: Mapping[str, Any], what: str) -> None:
     line = json.dumps(
         {"at": datetime.now(UTC).isoformat(timespec="milliseconds"), **jsonable(record)}, sort_keys=True
     )
     try:
-        fd = os.open(ws.path / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, (line + "\n").encode())
         finally:
             os.close(fd)
     except OSError as exc:
-        log.error("%s: cannot record the attempt %s (%s)", ws.path / ATTEMPTS, line, exc.strerror or exc)
+        log.error("%s: cannot record the %s %s (%s)", path, what, line, exc.strerror or exc)
 
 
 def read_attempts(ws: Workspace) -> list[dict[str, Any]]:

@@ -178,6 +178,7 @@ class InfiniteTalkConfig:
     batch_branches: bool
     profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
     compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
+    warm_up: bool | None  # the load's warm-up at the planned model sizes; None = auto (where compiled)
     fp8_compute: (
         Literal["auto", True, False] | None
     )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,16 +24,16 @@ from tasks.config import PipelineConfig, load_config
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.errors import ConfigError, MediaError
-from tasks.infinitetalk import cost, identity, resident
+from tasks.infinitetalk import cost, identity, resident, warmup
 from tasks.infinitetalk.cache import audio_digest, cached_tensors, ensure_tiny_root, path_stamp
 from tasks.infinitetalk.multi import resolve_two_speakers
 from tasks.infinitetalk.options import VaeTiling, load_spec, resolve_device, resolve_options
-from tasks.infinitetalk.session import InfiniteTalkSession
+from tasks.infinitetalk.session import InfiniteTalkSession, sampler_settings
 from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline, check_plan_agreement
 from tasks.infinitetalk.timing import Stopwatch
 from tasks.infinitetalk.tiny import TINY_BANNER, TinyLog
 from tasks.picture.geometry import ModelGeometry
-from tasks.render.backend import ShotContext
+from tasks.render.backend import PlannedShot, ShotContext
 from tasks.timeline.plan import ShotPlan
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class InfiniteTalkBackend:
     weights_identity = staticmethod(identity.weights_identity)  # what a shot key records of the weights
     price = staticmethod(cost.chunk_price)  # one full chunk's GPU seconds
     shot_price = staticmethod(cost.shot_price)  # a dubbed shot's, two speakers included
+    model_size = staticmethod(warmup.decision_model_hw)  # the size a planned decision generates at
 
     def _bind(self, config: PipelineConfig) -> None:
         """Use `config` (a shot's own config, from its ShotContext, wins over the constructor's)."""
@@ -115,6 +118,37 @@ class InfiniteTalkBackend:
         return resident.RESIDENT.shot_worker_config(
             self.weights_root(), self.load_spec(device, multi), n, self.vae_tiling
         )
+
+    def warm_up_planned(self, shots: Sequence[PlannedShot]) -> dict[str, Any]:
+        """A group's model load before its first shot: the generation models, then the compile warm-up at
+        every size its `shots` were planned at (`warmup.planned_warm_ups`; shots of another backend add
+        nothing) that the resident set is not warm for yet. {} when nothing is to warm (nothing is loaded
+        then: the first shot loads as before); else the seconds of each part, sizes as "WxH"."""
+        todo = []
+        for hw, shot in warmup.planned_warm_ups([s for s in shots if s.config.backend.name == self.name]):
+            self._bind(shot.config)
+            settings = sampler_settings(self.opts, self.config, shot.plan, tiny=self.tiny)
+            key = warmup.warm_key(self, hw, settings)
+            if key is not None and not resident.RESIDENT.is_warm(key):
+                todo.append((hw, shot.config, settings))
+        if not todo:
+            return {}
+        t0 = time.perf_counter()
+        self._bind(todo[0][1])  # the models of the first size's shot (one resident set: its root and spec)
+        self.models("dit", "vae", "clip")
+        models_s = time.perf_counter() - t0
+        sizes: dict[str, float] = {}
+        for (h, w), config, settings in todo:
+            self._bind(config)
+            seconds = warmup.warm_up(self, (h, w), settings)
+            if seconds is not None:
+                sizes[f"{w}x{h}"] = round(seconds, 3)
+        total = models_s + sum(sizes.values())
+        self.log.info(
+            "model load before the group's first shot: %.1f s (models %.1f s; compile warm-up %s)",
+            total, models_s, ", ".join(f"{k} {v:.1f} s" for k, v in sizes.items()) or "none",
+        )  # fmt: skip
+        return {"models_s": round(models_s, 3), "warm_up_s": sizes, "total_s": round(total, 3)}
 
     # --- per-film caches
 

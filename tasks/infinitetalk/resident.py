@@ -88,6 +88,11 @@ class ResidentModels:
             self._warm[key] = seconds
         return seconds
 
+    def is_warm(self, key: Any) -> bool:
+        """Whether `warm` ran for `key` with the models now resident."""
+        with self._lock:
+            return key in self._warm
+
     def install(self, root: Path, spec: LoadSpec, components: Mapping[str, Any]) -> None:
         """Make already-built components resident for (root, spec), e.g. random real-size models in a
         benchmark; later `get` calls for that key return them without loading."""

@@ -131,9 +131,10 @@ class InfiniteTalkSession:
 
         # 3. sampler settings (chunking = the shot plan's) and conditioning, then where to resume
         self.settings = sampler_settings(backend.opts, backend.config, plan, tiny=backend.tiny)
-        if self.chunk_models is not None:  # the compile warm-up belongs to the model load (once per size)
-            with self.watch("load"):
-                warm_up(backend, model_hw, self.settings, multi=self.two is not None)
+        if self.chunk_models is not None:  # a size the group's load did not warm: here, apart from the shot
+            seconds = warm_up(backend, model_hw, self.settings, multi=self.two is not None)
+            if seconds is not None:
+                self.watch.totals["warm_up"] += seconds
         self.job = self._chunk_job(prompt, feats, dcfg, model_hw, host)
         if self.two is not None:  # multi: both stems' features and the person masks in the model crop
             masks = self.two.masks(self.region.plan, geometry.display_hw, model_hw)

@@ -2,9 +2,12 @@
 so that `torch.compile`'s tracing and code generation, cuDNN's plan building and the first-call costs of
 the VAE and CLIP are paid when the models are loaded, not inside a shot's first chunk.
 
-`warm_up` runs once per resident model set and model size (`resident.RESIDENT.warm` remembers which); the
-session calls it under its "load" stage, so a shot that finds the models resident and warm pays nothing.
-It runs only where the DiT is compiled (CUDA by default): an eager model has nothing worth warming.
+`warm_up` runs once per resident model set and model size (`resident.RESIDENT.warm` remembers which). A
+group's model load warms every size its shots were planned at before the first shot (`planned_warm_ups`
+over the planning's `shot_model_hw`, run by the backend's `warm_up_planned`); the session calls it too,
+under its own "warm_up" stage, for a size no load covered, so a shot that finds the models resident and
+warm pays nothing. It runs where the DiT is compiled (CUDA by default; `infinitetalk.warm_up` says
+otherwise): an eager model has little worth warming.
 What it generates is thrown away: its noise comes from its own CPU generator and its inputs are zeros,
 so no shot's output depends on whether (or how often) it ran. On CUDA it also turns on cuDNN's
 autotuner (`torch.backends.cudnn.benchmark`), whose trials the synthetic chunks pay for the shot's shapes.
@@ -34,22 +37,45 @@ def warm_up(
 ) -> float | None:
     """Warm the resident models of `backend` (an `InfiniteTalkBackend`) for `model_hw` (H, W) and the shot
     sampler `settings` (its chunking and guidance; one step from pure noise is run) unless done already:
-    seconds spent, None if skipped.
-
-    Skipped when the DiT is not compiled (unless `force`: tests run it eagerly on the tiny model) and with
-    `gpus_per_shot > 1` (the ranks hold the models; their first chunk still compiles) and for a two-speaker
-    shot (``multi``: the multi DiT with two audio streams; warming the single DiT would swap it in for
-    nothing, so the shot's first chunk compiles).
-    """
-    if multi:
+    seconds spent, None if skipped (see `warm_key`)."""
+    key = warm_key(backend, model_hw, settings, force=force, multi=multi)
+    if key is None:
         return None
     device = resolve_device(backend.opts.device)
     spec = backend.load_spec(device)
-    if backend.opts.gpus_per_shot > 1 or not (spec.compile or force):
+
+    def run() -> float:
+        if device.startswith("cuda"):  # cuDNN's autotuner for the VAE's convolutions: the warm-up's
+            import torch  # synthetic chunks pay its trials; a process-wide torch flag
+
+            torch.backends.cudnn.benchmark = True
+        t0 = time.perf_counter()
+        _two_chunks(backend, model_hw, _one_step(settings), device, spec.dtype)
+        seconds = time.perf_counter() - t0
+        log.info("compile warm-up at %dx%d: %.1f s (two synthetic chunks, 1 step)", *model_hw[::-1], seconds)
+        return seconds
+
+    return resident.RESIDENT.warm(key, run)
+
+
+def warm_key(
+    backend: Any, model_hw: tuple[int, int], settings: Any, *, force: bool = False, multi: bool = False
+) -> tuple[Any, ...] | None:
+    """What the resident set remembers a warm-up at `model_hw` by (weights root, load spec, size, chunking,
+    batched guidance), or None where none runs: the DiT not compiled and `infinitetalk.warm_up` not true
+    (`force`: tests run it eagerly on the tiny model), `warm_up: false`, `gpus_per_shot > 1` (the ranks
+    hold the models; their first chunk still compiles), and a two-speaker shot (``multi``: the multi DiT
+    with two audio streams; warming the single DiT would swap it in for nothing, so the shot's first chunk
+    compiles)."""
+    if multi:
         return None
-    settings = dataclasses.replace(settings, sampling_steps=1, denoise_strength=1.0)
+    spec = backend.load_spec(resolve_device(backend.opts.device))
+    mode = backend.opts.warm_up
+    if backend.opts.gpus_per_shot > 1 or not (force or (mode is not False and (spec.compile or mode))):
+        return None
+    settings = _one_step(settings)
     root = str(backend.weights_root())
-    key = (
+    return (
         root,
         repr(spec),
         tuple(model_hw),
@@ -58,18 +84,9 @@ def warm_up(
         settings.batch_branches,
     )
 
-    def run() -> float:
-        if device.startswith("cuda"):  # cuDNN's autotuner for the VAE's convolutions: the warm-up's
-            import torch  # synthetic chunks pay its trials; a process-wide torch flag
 
-            torch.backends.cudnn.benchmark = True
-        t0 = time.perf_counter()
-        _two_chunks(backend, model_hw, settings, device, spec.dtype)
-        seconds = time.perf_counter() - t0
-        log.info("compile warm-up at %dx%d: %.1f s (two synthetic chunks, 1 step)", *model_hw[::-1], seconds)
-        return seconds
-
-    return resident.RESIDENT.warm(key, run)
+def _one_step(settings: Any) -> Any:
+    return dataclasses.replace(settings, sampling_steps=1, denoise_strength=1.0)
 
 
 def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
@@ -124,6 +141,32 @@ def film_model_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     for hw in sizes:
         counts[tuple(hw)] = counts.get(tuple(hw), 0) + 1
     return sorted(counts, key=lambda hw: (-counts[hw], -hw[0] * hw[1], hw))
+
+
+def decision_model_hw(config: Any, decision: Any, geometry: Any, num_frames: int) -> tuple[int, int] | None:
+    """The backend's `model_size` hook (`tasks.render.backend.backend_model_size`): the size (H, W) a shot
+    with the planning's `decision` generates at under its `config` (a `PipelineConfig`), for the group's
+    warm-up at load; None for a shot that is not dubbed or has two speakers at once (not warmed at load)."""
+    from tasks.infinitetalk.multi import two_speakers
+    from tasks.infinitetalk.options import resolve_options
+
+    if not decision.dub or two_speakers(decision) is not None:
+        return None
+    tiny = resolve_options(config, config.backend.options, need_weights=False).mode == "tiny"
+    blend = config.region.switch_blend_frames
+    return shot_model_hw(decision, geometry, num_frames, blend_frames=blend, tiny=tiny)
+
+
+def planned_warm_ups(shots: list[Any]) -> list[tuple[tuple[int, int], Any]]:
+    """The sizes to warm at a group's load and the shot each is warmed for: the distinct model sizes of
+    `shots` (`tasks.render.backend.PlannedShot`; those without one add nothing) in `film_model_sizes`
+    order, each with its first shot (whose config and chunking the warm-up uses)."""
+    first: dict[tuple[int, int], Any] = {}
+    for shot in shots:
+        if shot.model_hw is not None:
+            first.setdefault(tuple(shot.model_hw), shot)
+    sizes = film_model_sizes([tuple(s.model_hw) for s in shots if s.model_hw is not None])
+    return [(hw, first[hw]) for hw in sizes]
 
 
 def warm_up_sizes(backend: Any, sizes: list[tuple[int, int]], settings: Any, **kwargs: Any) -> float:

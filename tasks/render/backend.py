@@ -16,7 +16,10 @@ the whole `PipelineConfig`.
 Hooks a backend class may carry, asked through this registry so generic code names no backend:
 `check_options(config)` (`check_backend_options`), `weights_identity(config, multi=)` (what a shot key
 records of its weights, `backend_weights_identity`), `price(config, fallbacks=)` and
-`shot_price(price, plan, regions)` (GPU seconds, `backend_price`, `backend_shot_price`).
+`shot_price(price, plan, regions)` (GPU seconds, `backend_price`, `backend_shot_price`),
+`model_size(config, decision, geometry, num_frames)` (the size a planned decision generates at, kept in
+the planning's record: `backend_model_size`) and, on an instance, `warm_up_planned(shots)` (the group's
+model load with its warm-up at its shots' planned sizes before the first shot: `backend_warm_up`).
 
 Optional gating (`GatingBackend`): a backend with `prepare_shot` decides per shot, before any chunk,
 whether the shot is dubbed at all (`ShotDecision`: speech in the dub slice, a face, policy); the
@@ -45,6 +48,7 @@ from tasks.media.probe import VideoInfo
 from tasks.picture.geometry import ModelGeometry
 from tasks.render.cost import ChunkPrice, shot_gpu_s
 from tasks.timeline.plan import ChunkPlan, ShotPlan
+from tasks.timeline.shot_key import shot_config
 
 log = logging.getLogger(__name__)
 
@@ -248,3 +252,44 @@ def check_backend_options(config: PipelineConfig) -> None:
     check = getattr(backend_factory(config.backend.name), "check_options", None)
     if check is not None:
         check(config)
+
+
+@dataclass(frozen=True)
+class PlannedShot:
+    """A shot a group will render, as the planning left it: its effective config, its plan and the model
+    size (H, W) its dub decision generates at (None: not dubbed, or a size no warm-up covers)."""
+
+    config: PipelineConfig
+    plan: ShotPlan
+    model_hw: tuple[int, int] | None
+
+
+def planned_shot(config: Mapping[str, Any], record: Mapping[str, Any]) -> PlannedShot:
+    """The `PlannedShot` of a film record (`flows.prepare.FilmPlan.records`; the global config dict `config`
+    with the shot's overrides applied); a record without a planning decision has no model size."""
+    decision = record.get("decision") or {}
+    hw = decision.get("model_hw") if decision.get("dub") else None
+    return PlannedShot(
+        PipelineConfig.from_dict(shot_config(dict(config), record.get("overrides"))),
+        ShotPlan.from_dict(record["plan"]),
+        (int(hw[0]), int(hw[1])) if hw else None,
+    )
+
+
+def backend_model_size(
+    config: PipelineConfig, decision: ShotDecision, video: VideoInfo, num_frames: int
+) -> list[int] | None:
+    """The model size [H, W] a shot of `video` with the planning's `decision` generates at under its
+    `config`: the backend's `model_size` hook (None without one, or for a shot it does not generate)."""
+    hook = getattr(backend_factory(config.backend.name), "model_size", None)
+    if hook is None:
+        return None
+    hw = hook(config, decision, ModelGeometry.for_video(video, config.frames.bucket), num_frames)
+    return None if hw is None else [int(hw[0]), int(hw[1])]
+
+
+def backend_warm_up(backend: Backend, shots: Sequence[PlannedShot]) -> dict[str, Any]:
+    """The group's model load at its `shots`' planned sizes before the first shot (the backend's
+    `warm_up_planned`): what it did and its seconds, {} when nothing was loaded or warmed."""
+    hook = getattr(backend, "warm_up_planned", None)
+    return hook(shots) if hook is not None else {}
