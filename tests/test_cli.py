@@ -306,7 +306,9 @@ def test_local_dub_writes_where_its_user_says(good, tmp_path: Path, monkeypatch:
     for extra in ((), ("--overwrite",)):
         assert _dub(good, foreign, tmp_path, *extra) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].endswith("was not written by dubflow (or was changed since): refusing to overwrite it"), err
+        assert len(err) == 1 and err[0].endswith(
+            "was not written by dubflow (or was changed since): refusing to overwrite it"
+        ), err
     assert sha256(foreign) == sha256(good["src"])
     # another film's dubflow output: refused in the run (one line; the traceback in the run log), replaced with --overwrite
     other = make_clip(tmp_path / "other.mp4", (12, 12), seed=3)
