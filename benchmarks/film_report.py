@@ -6,8 +6,10 @@ workspace and their per-shot task runs, the shot table / groups / summary artifa
 those. Definitions (also in benchmarks/README.md):
 * GPU seconds: the sum over group runs of their Running span (flow run start -> end; the killed group run's
   span ends at the kill), one GPU each: the time a GPU was held by a group process;
-* model loads: per group process (pid of its attempts), the `load` stage of its shots (the first dubbed
-  shot pays it); `--tiny` counts loads over 0.05 s, a GPU run over 1 s;
+* model loads: per group process (pid of its attempts), its group's warmed load before the first shot
+  (`groups/loads.jsonl`: models + compile warm-up at the planned sizes) plus the largest `load` stage of
+  its shots (what a shot still loaded itself, e.g. without a planned size); `--tiny` counts loads over
+  0.05 s, a GPU run over 1 s; the group lead-in is stated without the warmed loads;
 * H200-s per second of dubbed dialogue = (GPU seconds - model loads) / seconds of the shots the run dubbed
   (it includes what the kill cost: the lost chunk, the second group process's start); per second of film
   likewise over the film's length; both also with the loads; and over the Completed shot task runs alone
@@ -69,7 +71,7 @@ def collect(stack: Any, manifest: dict[str, Any], result: dict[str, Any]) -> dic
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
 
     from flows.film_tasks import film_tag
-    from flows.workspace import read_attempts, read_shot_done
+    from flows.workspace import read_attempts, read_group_loads, read_shot_done
 
     ws = workspace_of(stack.workspace)
     tag = film_tag(manifest["film"])
@@ -102,7 +104,7 @@ def collect(stack: Any, manifest: dict[str, Any], result: dict[str, Any]) -> dic
         "workspace": str(ws.path), "films": films, "groups": groups,
         "shot_tasks": [t for t in shot_tasks if t["name"].startswith("shot-")],
         "film_tasks": film_tasks, "table": table, "groups_table": groups_table, "summary": summary,
-        "attempts": attempts, "done": done,
+        "attempts": attempts, "done": done, "group_loads": read_group_loads(ws),
     }  # fmt: skip
 
 
@@ -140,15 +142,19 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
         load = ((res or {}).get("timings_s") or {}).get("load")
         if isinstance(load, int | float):
             loads[pid_of.get(shot)] = max(loads.get(pid_of.get(shot), 0.0), float(load))
+    warmed: dict[Any, float] = {}  # the groups' loads before their first shot (in their lead-in)
+    for rec in data.get("group_loads", []):  # readbacks from before the warmed load have none
+        warmed[rec.get("pid")] = warmed.get(rec.get("pid"), 0.0) + float(rec.get("total_s") or 0.0)
+    for pid, seconds in warmed.items():
+        loads[pid] = loads.get(pid, 0.0) + seconds
     loads = {p: v for p, v in loads.items() if v >= (0.05 if tiny else 1.0)}
     span = {s["index"]: s["end_s"] - s["start_s"] for s in manifest["shots"]}
     dubbed = sorted(i for i, r in data["done"].items() if r and r.get("dubbed"))
     dubbed_s = sum(span[i] for i in dubbed)
     work_s = gpu_s - sum(loads.values())
     rendered = [t for t in data["shot_tasks"] if t["state_name"] == "Completed" and t["start"] and t["end"]]
-    shots_s = sum(t["end"] - t["start"] for t in rendered) - sum(
-        loads.values()
-    )  # no lead-in, gaps, lost chunk
+    in_shots = sum(v - warmed.get(p, 0.0) for p, v in loads.items())  # the loads inside shot task runs
+    shots_s = sum(t["end"] - t["start"] for t in rendered) - in_shots  # no lead-in, gaps, lost chunk
     gaps, leads, tails, gap_spans = 0.0, 0.0, 0.0, []
     for start, end, g in windows:
         tasks = sorted((t for t in data["shot_tasks"] if t["flow_run_id"] == g["id"] and t["start"]),
@@ -162,6 +168,7 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
                 gap_spans.append((a["end"], b["start"]))
         if tasks[-1]["end"] and end > tasks[-1]["end"]:
             tails += end - tasks[-1]["end"]
+    leads -= sum(warmed.values())  # stated as model loads
     per_film = {}
     for label, film in zip(("first_run", "resume_run"), data["films"], strict=False):
         groups = [
