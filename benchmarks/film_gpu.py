@@ -11,9 +11,11 @@ On a GPU host without internet (the offline bundle: `scripts/device_bundle.sh`),
 3. runs `prefect deployment run dub-film/default --watch` with the fast preset; once the kill shot's task
    run is Running and its progress artifact shows a finished chunk (a one-chunk shot: after
    `--kill-after-s`), SIGKILLs the gpu worker running it with its flow run, restarts it (`stack.sh
-   workers`); the heartbeat watch marks the lost group run Crashed and the film run fails naming the
+   workers`); the heartbeat watch marks the lost group run Crashed; the film run either runs the lost
+   group again on the restarted worker (its unfinished shots only) and completes, or fails naming the
    lost shots;
-4. runs the deployment again: only the unfinished shots render, the film is assembled;
+4. runs the deployment again: after a failed first run only the unfinished shots render and the film is
+   assembled; after a completed one nothing renders (every shot reused);
 5. reads the run back through the API (film runs, group runs, the per-shot task runs, the shot table
    artifact) and the workspace (attempts.jsonl, done.json), reports the figures and runs the checks
    (`benchmarks/film_report.py`); exit 1 with a one-line reason when a check fails.
@@ -238,6 +240,8 @@ def _first_run_with_kill(stack: Stack, params: dict[str, Any], args: argparse.Na
     watcher.join(timeout=10)
     if errors:
         raise errors[0]
+    if kill is not None:  # what the first run rendered in all (an in-run retry of the lost group too)
+        kill["attempts_after_first_run"] = len(read_attempts(workspace_of(stack.workspace)))
     return result[0], kill
 
 

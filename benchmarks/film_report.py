@@ -226,12 +226,18 @@ def run_checks(
     fail: list[str] = []
     kill, n = result["kill"], len(manifest["shots"])
     first, resume = (data["films"] + [None, None])[:2]
-    if first is None or first["state_type"] != "FAILED":
-        fail.append(f"the killed film run ended {first and first['state_name']}, not Failed")
+    retried = first is not None and first["state_type"] == "COMPLETED"  # the lost group re-run in it
+    if first is None or first["state_type"] not in ("FAILED", "COMPLETED"):
+        fail.append(f"the killed film run ended {first and first['state_name']}, not Failed or Completed")
     if resume is None or resume["state_type"] != "COMPLETED":
         fail.append(
             f"the resumed film run ended {resume and resume['state_name']}: {resume and resume['message']}"
         )
+    first_end = kill.get("attempts_after_first_run")
+    if retried and first_end is not None:
+        again = [a["shot"] for a in data["attempts"][first_end:] if a["status"] == "done"]
+        if again:
+            fail.append(f"the film run completed after the kill, yet the re-run rendered shots {again}")
     done_lines = [a for a in data["attempts"] if a["status"] == "done"]
     counts = {i: sum(a["shot"] == i for a in done_lines) for i in range(n)}
     if any(c != 1 for c in counts.values()):

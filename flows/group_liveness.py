@@ -64,6 +64,7 @@ def outlived_crash(
         while group_alive(ws, shots):
             time.sleep(poll_s)
     if group_report(ws, shots)["failed"]:
+        crash_unfinished_tasks(child, name)
         return False
     _set_completed(
         child, f"its shots are done: the group outlived a {child.state.name} state ({child.state.message})"
@@ -81,3 +82,36 @@ def _set_completed(child: Any, message: str) -> None:
             client.set_flow_run_state(child.id, Completed(message=message), force=True)
     except Exception as exc:  # the film goes on: its shots are done
         log.warning("cannot set the state of child run %s: %s", child.name, exc)
+
+
+def crash_unfinished_tasks(child: Any, name: str) -> int:
+    """Mark Crashed the task runs of a lost group run that are still Running or Pending (the shot it
+    was rendering when its process died: nobody else ever ends them, and the UI would show that shot
+    running for ever next to its re-render). Returns how many were set."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    unfinished = TaskRunFilter(
+        flow_run_id=TaskRunFilterFlowRunId(any_=[child.id]),
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])),
+    )
+    message = f"its group run {child.name} was lost ({child.state.name}: {child.state.message})"
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(task_run_filter=unfinished)
+            for run in runs:
+                client.set_task_run_state(run.id, Crashed(message=message), force=True)
+    except Exception as exc:  # the film goes on: only the display of the lost run is at stake
+        log.warning("%s: cannot end the lost run's task runs: %s", name, exc)
+        return 0
+    if runs:
+        log.info("%s: %d task run(s) of the lost run marked Crashed: %s", name, len(runs),
+                 ", ".join(r.name for r in runs))  # fmt: skip
+    return len(runs)

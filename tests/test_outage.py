@@ -82,3 +82,32 @@ def test_a_crashed_but_live_group_is_waited_for_and_a_dead_one_is_lost(tmp_path:
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(child.id).state
     assert state.is_completed() and "outlived a Crashed state" in state.message
+
+
+def test_a_lost_groups_running_shot_task_is_marked_crashed(tmp_path: Path):
+    """The shot a lost group was rendering shows Crashed, not Running for ever; finished ones stay."""
+    from prefect import task
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    from flows.group_liveness import outlived_crash
+    from flows.workspace import open_workspace
+
+    film = tmp_path / "film.mp4"
+    film.write_bytes(b"film")
+    ws = open_workspace(tmp_path / "ws", film, {"pass": "quality"})
+    shots = _shots(ws, 3)
+    child = _crashed_run()
+
+    @task(name="shot")
+    def shot() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        done = client.create_task_run(shot, child.id, "0", name="shot-0001", state=Completed())
+        busy = client.create_task_run(shot, child.id, "1", name="shot-0002", state=Running())
+    assert outlived_crash(ws, shots, child, "group-000", poll_s=0.1) is False  # lost
+    with get_client(sync_client=True) as client:
+        busy_state, done_state = client.read_task_run(busy.id).state, client.read_task_run(done.id).state
+    assert busy_state.is_crashed() and "was lost" in busy_state.message, busy_state
+    assert done_state.is_completed()
