@@ -41,9 +41,9 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     print(
-        "| case | truth | turns: frames face status score | agreement per face | result | onset (frames) | switch (s) | CPU-s/s |"
+        "| case | truth | turns: frames face status score | agreement per face | ASD score per face | result | onset (frames) | switch (s) | CPU-s/s |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         todo = av_cases()
         if args.sizes:  # the smallest reliable face: the wide shot at several sizes, both sets
@@ -81,10 +81,13 @@ def main() -> None:
                 vals = [v for v in row if v is not None]
                 k = case.who(t["boxes"][0])
                 agree.append(f"{k}: {np.mean(vals):+.2f}" if vals else f"{k}: -")
+            asd = ", ".join(
+                f"{case.who(shot.track(k).boxes[0])}: {v:+.2f}" for k, v in shot.mean_asd().items()
+            )
             cost = faces["cpu_s"] / (case.frames.shape[0] / FPS)
             sw = "" if v.switch_s is None else f"{v.switch_s:+.2f}"
             print(
-                f"| {name} | {truth} | {shown} | {', '.join(agree)} | {v.result} ({v.why}) | "
+                f"| {name} | {truth} | {shown} | {', '.join(agree)} | {asd or '-'} | {v.result} ({v.why}) | "
                 f"{'/'.join(map(str, v.onset_frames))} | {sw} | {cost:.2f} |"
             )
 

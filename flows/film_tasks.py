@@ -289,8 +289,10 @@ def decide_speakers(
                 raise
             raise ConfigError(r["plan_file"], ex.problem) from ex
         agree = d.faces.mean_agreement() if d.faces is not None else {}
+        asd = d.faces.mean_asd() if d.faces is not None else {}
         out[r["index"]] = {"dub": d.dub, "reason": d.reason, "regions": regions_json(d, plan["start_frame"]),
                            "agreement": {str(k): v for k, v in agree.items()},
+                           "asd": {str(k): v for k, v in asd.items()},
                            "model_hw": backend_model_size(cfg, d, info, e - s)}  # fmt: skip
         logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
     return out

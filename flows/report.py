@@ -53,12 +53,19 @@ def shot_rows(
 def speaker_columns(decision: dict[str, Any] | None) -> dict[str, Any]:
     """The shot table's speaker (track ids per dubbed turn, with their character when known, both people of
     a two-speaker turn joined by "+"; "-" when nobody on screen is dubbed) and score, and each face track's
-    audio-visual agreement with the source's speech ("0 +0.42, 1 -0.26") where it was measured."""
+    audio-visual agreement with the source's speech ("0 +0.42, 1 -0.26") where it was measured, with its
+    learned speaking score (Light-ASD, `speaker.asd`: "0 +0.42 asd +1.9") where that was."""
     if not decision:
         return {"speaker": "", "score": ""}
     regions = decision.get("regions") or []
-    agree = decision.get("agreement") or {}
-    extra = {"agreement": ", ".join(f"{k} {v:+.2f}" for k, v in agree.items())} if agree else {}
+    agree, asd = decision.get("agreement") or {}, decision.get("asd") or {}
+    cells = [
+        " ".join(
+            [k, *([f"{agree[k]:+.2f}"] if k in agree else []), *([f"asd {asd[k]:+.1f}"] if k in asd else [])]
+        )
+        for k in [*agree, *(k for k in asd if k not in agree)]
+    ]
+    extra = {"agreement": ", ".join(cells)} if cells else {}
     if not regions:
         return {"speaker": "-", "score": "", **extra}
     who = " -> ".join(_turn(r) for r in regions)

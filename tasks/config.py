@@ -246,6 +246,16 @@ class SpeakerConfig:
     av_off: float  # talking faces all below this: nobody on screen says the line
     av_scale: float  # agreement above av_on of a full-strength score
     av_margin: float  # the speaker must out-agree every other talking face by this, else uncertain
+    # learned active-speaker detection (Light-ASD, tasks.perception.asd): auto = whenever the film has its own
+    # audio (its verdict joined with the agreement's, speaker.fuse_asd), off = never
+    asd: Literal["auto", "off"]
+    asd_on: float  # per-step mean speaking score above this: the face says the line
+    asd_band: float  # a best face below asd_on + this: uncertain; so is one led by less than asd_margin by
+    asd_margin: float  # ... a second face above asd_on + asd_band (two speakers?)
+    asd_scale: float  # score above asd_on of a full-strength segment
+    asd_switch_penalty: float  # evidence (steps x score units) a speaker change must win by
+    asd_min_s: float  # a shorter speaker segment counts only as the previous speaker going on, else uncertain
+    asd_sync_min: float  # a speaker's mean sync lead (its score lost when the audio is moved) must reach this
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float

@@ -68,7 +68,11 @@ def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Tu
         scored = (seg.score, seg.end_frame - seg.start_frame)
         # the same speaker (or nobody) goes on: one turn; [issue 24] unless one of them is sure and the
         # other ambiguous (agreement segments: a clear line next to an unclear one stays apart)
-        if turns and turns[-1][2] == track and (turns[-1][4] == ambiguous or faces.agreement == ()):
+        if (
+            turns
+            and turns[-1][2] == track
+            and (turns[-1][4] == ambiguous or faces.agreement == faces.asd == ())
+        ):
             turns[-1][1] = end
             turns[-1][3].append(scored)
             turns[-1][4] = turns[-1][4] or ambiguous

@@ -6,7 +6,9 @@ analysis size in display orientation (rotation and SAR applied, longest side `de
 faces on every `detect_every`-th frame, link tracks, measure mouth activity on every frame from the
 interpolated landmarks, and find the speaker segments (`tasks.perception.speaker`), judged again on each
 face's audio-visual agreement with the film's own audio (`tasks.perception.av_sync`, its envelope decoded
-here) when the speech timeline is the source's.  The result (`ShotFaces`) keeps
+here) when the speech timeline is the source's, and, with `speaker.asd` (the default), on a learned
+speaking score per face and frame (`tasks.perception.asd`, Light-ASD on grey face crops cut here while the
+frames stream + the source audio's MFCCs).  The result (`ShotFaces`) keeps
 boxes in display pixels, so the estimate, the shot table, the QC sheet and the region planner read them
 without decoding again.  Runs in planning; the GPU path only reads the record.
 Must not decide whether a shot is dubbed (that is `tasks.decision.gate`).
@@ -24,10 +26,13 @@ from typing import Any
 import cv2
 import numpy as np
 
+from model.light_asd import load_light_asd
 from tasks.config import SpeakerConfig
 from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
+from tasks.perception.asd import FaceCrops, asd_scores
+from tasks.perception.asd_speaker import AsdSettings, find_asd_speakers, fuse_asd
 from tasks.perception.av_sync import SyncSettings, agreement, mouth_motion, speech_envelope
 from tasks.perception.faces import FaceDetector
 from tasks.perception.lips import MouthMeter, mouth_activity
@@ -62,6 +67,13 @@ def av_settings(cfg: SpeakerConfig) -> AvSettings:
     return AvSettings(cfg.av_on, cfg.av_off, cfg.av_scale, cfg.av_margin)
 
 
+def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
+    return AsdSettings(
+        cfg.asd_on, cfg.asd_band, cfg.asd_margin, cfg.asd_scale, cfg.asd_switch_penalty, cfg.asd_min_s,
+        cfg.asd_sync_min,
+    )  # fmt: skip
+
+
 def _source_audio_args(info: VideoInfo, start: int, end: int) -> list[str]:
     """ffmpeg arguments decoding the film's first audio stream over frames [start, end) to mono f32 at RATE."""
     t0 = info.seek_offset_s + float(start / info.fps)
@@ -70,15 +82,21 @@ def _source_audio_args(info: VideoInfo, start: int, end: int) -> list[str]:
     return args + ["-t", f"{dur:.6f}", "-vn", "-sn", "-dn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"]
 
 
-def source_envelope(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
-    """(2, end - start) speech envelope of the film's own audio over frames [start, end)
-    (`tasks.perception.av_sync.speech_envelope`); None when the film has no audio stream."""
+def source_samples(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
+    """The film's own first audio stream over frames [start, end), mono float32 at RATE; None when the film
+    has no audio stream."""
     if not info.audio:
         return None
     args = _source_audio_args(info, start, end)
     blocks = ffmpeg.read_blocks(args, RATE * 4 * 10, path=info.path, what="decoding audio", partial_tail=True)
-    samples = np.concatenate([np.frombuffer(b, np.float32) for b in blocks] or [np.zeros(0, np.float32)])
-    return speech_envelope(samples, RATE, end - start, float(info.fps))
+    return np.concatenate([np.frombuffer(b, np.float32) for b in blocks] or [np.zeros(0, np.float32)])
+
+
+def source_envelope(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
+    """(2, end - start) speech envelope of the film's own audio over frames [start, end)
+    (`tasks.perception.av_sync.speech_envelope`); None when the film has no audio stream."""
+    samples = source_samples(info, start, end)
+    return None if samples is None else speech_envelope(samples, RATE, end - start, float(info.fps))
 
 
 def source_speech(info: VideoInfo, start: int, end: int) -> np.ndarray | None:
@@ -129,6 +147,9 @@ class ShotFaces:
     # per track, audio-visual agreement with the source's speech per step (None: absent, no speech, or no
     # source audio); empty when the speakers were found from mouth activity alone (no source audio)
     agreement: tuple[tuple[float | None, ...], ...] = ()
+    # per track, the learned speaking score (Light-ASD, > 0: speaking) per step (None: absent); empty when the
+    # speakers were not found by it (speaker.asd off, or no source audio)
+    asd: tuple[tuple[float | None, ...], ...] = ()
 
     def track(self, track_id: int) -> TrackInfo:
         return next(t for t in self.tracks if t.id == track_id)
@@ -138,6 +159,16 @@ class ShotFaces:
         out = {}
         for tr, row in zip(self.tracks, self.agreement, strict=False):
             vals = [v for v in row if v is not None]
+            if vals:
+                out[tr.id] = round(float(np.mean(vals)), 2)
+        return out
+
+    def mean_asd(self) -> dict[int, float]:
+        """{track id: mean speaking score over the speech steps it was scored in} (the shot table's)."""
+        out = {}
+        speech = np.array(self.speech) >= 0.5
+        for tr, row in zip(self.tracks, self.asd, strict=False):
+            vals = [v for v, sp in zip(row, speech, strict=False) if v is not None and sp]
             if vals:
                 out[tr.id] = round(float(np.mean(vals)), 2)
         return out
@@ -166,6 +197,7 @@ class ShotFaces:
             tuple(tuple(None if v is None else float(v) for v in row) for row in d["activity"]),
             int(d["step_frames"]), float(d["cpu_s"]),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("agreement") or ()),
+            tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("asd") or ()),
         )  # fmt: skip
 
 
@@ -196,12 +228,17 @@ def _to_display(box: np.ndarray, scale: tuple[float, float], display_hw: tuple[i
     )  # fmt: skip
 
 
-def _measure(meter: MouthMeter, tracker: Tracker, pending: list[tuple[int, np.ndarray]]) -> None:
-    """Mouth activity of the buffered frames, from the live tracks' landmarks (interpolated up to now)."""
+def _measure(
+    meter: MouthMeter, tracker: Tracker, pending: list[tuple[int, np.ndarray]], crops: FaceCrops | None
+) -> None:
+    """Mouth activity (and face crops) of the buffered frames, from the live tracks' landmarks and boxes
+    (interpolated up to now)."""
     for t, frame in pending:
         ft = np.array([t], np.float64)
         live = {tr.id: (tr.landmarks_at(ft)[0], tr.boxes_at(ft)[0]) for tr in tracker.live if tr.start <= t}
         meter.feed(t, frame, live)
+        if crops is not None:
+            crops.feed(t, frame, live)
 
 
 def analyse_frames(
@@ -212,12 +249,15 @@ def analyse_frames(
     cfg: SpeakerConfig,
     display_hw: tuple[int, int],
     envelope: np.ndarray | None = None,
+    audio: np.ndarray | None = None,
 ) -> ShotFaces:
     """`analyse_shot` on decoded analysis frames (RGB uint8, display orientation), streamed.
 
     ``envelope`` (2, n_frames): the source's speech envelope (`source_envelope`); with it the speakers are
     found by mouth activity (`find_speakers`) and judged again on audio-visual agreement
-    (`refine_with_agreement`); without it by mouth activity alone.
+    (`refine_with_agreement`); without it by mouth activity alone.  ``audio``: the source's mono samples
+    at RATE from the first frame; with it (and `speaker.asd` not off) the learned speaking scores give a
+    second verdict (`find_asd_speakers`), joined with the first frame by frame (`fuse_asd`).
     Only the frames since the last detection are held: they are measured once the next detection has
     placed every live track at both ends.
     """
@@ -225,6 +265,7 @@ def analyse_frames(
     detector = FaceDetector(cfg.detect_threshold, cfg.min_face_px)
     tracker = Tracker(cfg.track_max_miss)
     meter = MouthMeter(n_frames, round(cfg.mouth_lag_s * fps))
+    crops = FaceCrops(n_frames, fps) if audio is not None and cfg.asd != "off" else None
     pending: list[tuple[int, np.ndarray]] = []
     hw = (1, 1)
     for t, frame in enumerate(frames):
@@ -233,9 +274,9 @@ def analyse_frames(
         if t % cfg.detect_every == 0 or t == n_frames - 1:
             faces = detector(frame)
             tracker.update(t, faces, [appearance(frame, f.box) for f in faces])
-            _measure(meter, tracker, pending)
+            _measure(meter, tracker, pending, crops)
             pending = []
-    _measure(meter, tracker, pending)
+    _measure(meter, tracker, pending, crops)
     tracks = tracker.finish()
     settings = speaker_settings(cfg)
     mouth, upper = meter.rows([tr.id for tr in tracks])
@@ -253,6 +294,19 @@ def analyse_frames(
         agree_rows = tuple(tuple(None if np.isnan(v) else round(float(v), 3) for v in row) for row in agree)
     else:
         segments = find_speakers(activity, change, speech_prob, fps, settings)
+    asd_rows: tuple[tuple[float | None, ...], ...] = ()
+    if crops is not None and audio is not None:
+        ids = [tr.id for tr in tracks]
+        scores, lead = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
+        learned = find_asd_speakers(scores, lead, change, speech_prob, fps, settings, asd_settings(cfg))
+        segments = fuse_asd(segments, learned, n_frames)
+        asd_rows = tuple(
+            tuple(
+                None if np.isnan(r[s : s + step]).all() else round(float(np.nanmean(r[s : s + step])), 2)
+                for s in range(0, n_frames, step)
+            )
+            for r in scores
+        )
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
     infos = tuple(
@@ -278,7 +332,7 @@ def analyse_frames(
     )
     return ShotFaces(
         n_frames, fps, display_hw, (int(hw[0]), int(hw[1])), True, infos, tuple(segments), speech_steps,
-        act_steps, step, round(time.process_time() - t0, 3), agree_rows,
+        act_steps, step, round(time.process_time() - t0, 3), agree_rows, asd_rows,
     )  # fmt: skip
 
 
@@ -300,9 +354,14 @@ def analyse_shot(
     w, h = info.display_size
     hw = analysis_size((h, w), cfg.detect_max_side)
     t0 = time.process_time()
-    envelope = source_envelope(info, start, end) if source_audio and cfg.av_agreement else None
+    want_audio = source_audio and (cfg.av_agreement or cfg.asd != "off")
+    samples = source_samples(info, start, end) if want_audio else None
+    envelope = None
+    if samples is not None and cfg.av_agreement:
+        envelope = speech_envelope(samples, RATE, end - start, float(info.fps))
+    audio = samples if cfg.asd != "off" else None
     frames = display_frames(info, start, end, hw)
-    out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w), envelope)
+    out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w), envelope, audio)
     cpu = round(time.process_time() - t0, 3)
     log.debug(
         "frames %d-%d: %d tracks, %d segments, %.2f CPU-s",
@@ -322,8 +381,10 @@ __all__ = [
     "analyse_shot",
     "analysis_size",
     "display_frames",
+    "asd_settings",
     "av_settings",
     "source_envelope",
+    "source_samples",
     "source_speech",
     "speaker_settings",
     "sync_settings",

@@ -17,6 +17,8 @@ Holds the active-speaker decision, pure numpy on per-frame signals (no media, no
    speech clearly better is the speaker (a moving listener, an out-of-sync face lose), none following it
    is "none", neither clearly is "uncertain"; a lone moving mouth that does not follow the speech at all
    is "none" (a reaction shot under an off-screen voice).
+
+The learned route (Light-ASD scores) is `tasks.perception.asd_speaker`.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def _smooth(x: np.ndarray, n: int) -> np.ndarray:
         return np.where(den > 0.3, num / np.maximum(den, 1e-9), np.nan)
 
 
-def _viterbi(evidence: np.ndarray, penalty: float) -> np.ndarray:
+def viterbi(evidence: np.ndarray, penalty: float) -> np.ndarray:
     """Best state per step for (n_states, n_steps) log-evidence (state 0: nobody on screen).
 
     A change between two speakers costs ``penalty``; to or from nobody costs half of it, so a pause in lip
@@ -118,7 +120,7 @@ def _viterbi(evidence: np.ndarray, penalty: float) -> np.ndarray:
     return states
 
 
-def _runs(states: np.ndarray, speech: np.ndarray, bridge_steps: int) -> list[tuple[int, int, int]]:
+def speech_runs(states: np.ndarray, speech: np.ndarray, bridge_steps: int) -> list[tuple[int, int, int]]:
     """[(first step, end step, state)] of the speech steps; a short nobody-run right after a speaker's run in
     the same stretch of speech is the speaker still talking with little lip motion (it joins that run)."""
     runs: list[list[int]] = []
@@ -191,11 +193,11 @@ def find_speakers(
     evidence[1:][np.isnan(steps_act)] = -8.0  # an absent face cannot be the speaker
     evidence[0, ~steps_speech] = 0.0  # pauses: no evidence either way, the state carries over
     evidence[1:, ~steps_speech] = np.where(np.isnan(steps_act[:, ~steps_speech]), -8.0, 0.0)
-    states = _viterbi(evidence, settings.switch_penalty)
+    states = viterbi(evidence, settings.switch_penalty)
 
     bridge = max(1, round(1.0 / settings.step_s))
     segments = []
-    for s0, s1, state in _runs(states, steps_speech, bridge):
+    for s0, s1, state in speech_runs(states, steps_speech, bridge):
         f0, f1 = s0 * step, min(n_frames, s1 * step)
         segments.append(_judge(state - 1, steps_act[:, s0:s1], act, speech, (f0, f1), settings))
     return segments
@@ -236,7 +238,7 @@ def _judge(
     return SpeakerSegment(f0, f1, "speaker", chosen, round(score, 3))
 
 
-def _step_means(x: np.ndarray, step: int, n_steps: int) -> np.ndarray:
+def step_means(x: np.ndarray, step: int, n_steps: int) -> np.ndarray:
     """(rows, n_steps) NaN-aware mean of each row over each step (NaN where a step has no value)."""
     out = np.full((x.shape[0], n_steps), np.nan)
     for s in range(n_steps):
@@ -247,7 +249,7 @@ def _step_means(x: np.ndarray, step: int, n_steps: int) -> np.ndarray:
     return out
 
 
-def _row_means(x: np.ndarray) -> np.ndarray:
+def row_means(x: np.ndarray) -> np.ndarray:
     """(rows,) NaN-aware mean of each row (NaN where a row has no value)."""
     ok = ~np.isnan(x)
     return np.where(
@@ -285,14 +287,14 @@ def refine_with_agreement(
     n_steps = agree.shape[1]
     still = still_tracks(face_change, settings)
     act = _smooth(activity.astype(np.float64), max(1, round(settings.smooth_s * fps)))
-    steps_act = _step_means(np.where(still[:, None], np.nan, act), step, n_steps)
+    steps_act = step_means(np.where(still[:, None], np.nan, act), step, n_steps)
     out = []
     for seg in segments:
         if seg.status == "none" or seg.speaker is None:
             out.append(seg)
             continue
         sl = slice(seg.start_frame // step, max(seg.start_frame // step + 1, -(-seg.end_frame // step)))
-        a, moving = _row_means(agree[:, sl]), _row_means(steps_act[:, sl])
+        a, moving = row_means(agree[:, sl]), row_means(steps_act[:, sl])
         talking = [
             k
             for k in range(n_tracks)
@@ -334,5 +336,9 @@ __all__ = [
     "SpeakerSettings",
     "refine_with_agreement",
     "find_speakers",
+    "row_means",
+    "speech_runs",
+    "step_means",
     "still_tracks",
+    "viterbi",
 ]

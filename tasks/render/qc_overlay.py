@@ -5,7 +5,7 @@ regions (`tasks.decision.record.DubRegion`): `annotate` draws on a source frame 
 pixels) every track visible at that frame (grey; still pictures red) with its character's name when
 known, the dubbed speaker's face (both faces of a two-speaker turn) in green with its track id and score,
 and the dubbed crop box, each face labelled with its audio-visual agreement with the speech ("av +0.42")
-where measured; `timeline` draws a strip under the sheet: the source's speech probability, each track's
+and its learned speaking score ("asd +1.9", Light-ASD) where measured; `timeline` draws a strip under the sheet: the source's speech probability, each track's
 mouth activity and agreement, and who is dubbed when.
 Pure drawing on arrays; must not decode or decide anything.
 """
@@ -72,13 +72,15 @@ class SpeakerOverlay:
         return out
 
     def _agreement_label(self, track: int, t: int) -> str:
-        """ " av +0.42": the track's audio-visual agreement at frame t ("" without one)."""
-        rows = self.faces.agreement
-        if track >= len(rows) or not rows[track]:
-            return ""
-        k = min(len(rows[track]) - 1, t // max(1, self.faces.step_frames))
-        v = rows[track][k]
-        return "" if v is None else f" av {v:+.2f}"
+        """ " av +0.42 asd +1.9": the track's audio-visual agreement and learned speaking score at frame t
+        (each left out where there is none)."""
+        out = ""
+        for rows, name, fmt in ((self.faces.agreement, "av", "+.2f"), (self.faces.asd, "asd", "+.1f")):
+            if track >= len(rows) or not rows[track]:
+                continue
+            v = rows[track][min(len(rows[track]) - 1, t // max(1, self.faces.step_frames))]
+            out += "" if v is None else f" {name} {v:{fmt}}"
+        return out
 
     def timeline(self, width: int) -> np.ndarray:
         """(h, width, 3) strip: speech probability (white), mouth activity per track, dubbed turns below."""

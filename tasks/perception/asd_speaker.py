@@ -1,0 +1,185 @@
+"""The speaker decision on learned speaking scores (Light-ASD, `tasks.perception.asd`), and its join with the
+agreement route's verdict (`tasks.perception.speaker.refine_with_agreement`).
+
+With a learned active-speaker score per face and frame (`tasks.perception.asd`, Light-ASD: does this
+face say what is heard), `find_asd_speakers` gives a second verdict: `speaker`'s Viterbi pass over the per-step
+scores (the evidence that track j speaks is its score above ``on``), each run judged on the scores of
+every visible face: one face clearly above ``on`` (by ``band``) leading every other by ``margin`` or with
+every other below ``on + band`` = that face speaks (a moving listener, an out-of-sync copy score low);
+none above it = "none" (voice-over, a reaction shot); two above it close together, or the best within
+``band`` of ``on`` = "uncertain" (two speakers, or the network cannot tell).  A segment shorter than
+``min_s`` (a short line after a pause) is a speaker only when it continues the previous speaker; and a
+speaker whose score barely drops when the audio is moved (mean sync lead below ``sync_min``: lips that
+move during speech without following it, a lone face mouthing along) is only "uncertain".
+`fuse_asd` then joins the two verdicts frame by frame: the network settles what agreement left
+uncertain, contradicts (-> uncertain) a confident agreement speaker when it is sure of another face or
+of nobody, and leaves agreement's "none" alone (no moving mouth, or none following the speech: the network scores a
+listener's parted lips under a voice-over as speaking).
+Pure numpy on per-frame rows (no media, no models).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.perception.speaker import (
+    SpeakerSegment,
+    SpeakerSettings,
+    row_means,
+    speech_runs,
+    step_means,
+    still_tracks,
+    viterbi,
+)
+
+
+@dataclass(frozen=True)
+class AsdSettings:
+    """Thresholds of the learned active-speaker decision (the `speaker:` section's asd_* keys)."""
+
+    on: float  # per-step mean score above this: the face says the line
+    band: float  # a best face below on + band is "uncertain", so is one led by less than ``margin`` by
+    margin: float  # ... a second face above on + band (two speakers?)
+    scale: float  # score above ``on`` of a full-strength segment
+    switch_penalty: float  # evidence (steps x score units) a speaker change must win by
+    min_s: float  # a shorter segment is a speaker only as the previous one's speaker going on
+    sync_min: (
+        float  # a speaker's mean sync lead (score lost by moving the audio) must reach this, else uncertain
+    )
+
+
+def find_asd_speakers(
+    asd: np.ndarray,
+    lead: np.ndarray,
+    face_change: np.ndarray,
+    speech_prob: np.ndarray,
+    fps: float,
+    settings: SpeakerSettings,
+    asd_settings: AsdSettings,
+) -> list[SpeakerSegment]:
+    """Speaker segments of one shot from learned speaking scores (`tasks.perception.asd.asd_scores`).
+
+    asd, lead (n_tracks, T): each track's speaking score per frame (> 0: speaking) and its sync lead, NaN
+    where absent;
+    face_change (n_tracks, T): the still-picture test's; speech_prob (T,): the source's speech probability.
+    """
+    n_tracks, n_frames = asd.shape if asd.ndim == 2 else (0, len(speech_prob))
+    speech = np.asarray(speech_prob) >= 0.5
+    if n_frames == 0 or not speech.any():
+        return []
+    step = max(1, round(settings.step_s * fps))
+    n_steps = -(-n_frames // step)
+    still = still_tracks(face_change, settings) if n_tracks else np.zeros(0, bool)
+    sc = np.where(still[:, None], np.nan, asd.astype(np.float64)) if n_tracks else np.zeros((0, n_frames))
+    steps_sc = step_means(sc, step, n_steps)
+    steps_lead = step_means(lead.astype(np.float64), step, n_steps) if n_tracks else steps_sc
+    steps_speech = np.array([speech[s * step : (s + 1) * step].mean() >= 0.5 for s in range(n_steps)])
+    evidence = np.zeros((n_tracks + 1, n_steps))  # state 0: nobody on screen
+    with np.errstate(invalid="ignore"):
+        evidence[1:] = np.clip(steps_sc - asd_settings.on, -4.0, 4.0)
+    evidence[1:][np.isnan(steps_sc)] = -8.0  # an absent face cannot be the speaker
+    evidence[1:, ~steps_speech] = np.where(np.isnan(steps_sc[:, ~steps_speech]), -8.0, 0.0)
+    states = viterbi(evidence, asd_settings.switch_penalty)
+    bridge = max(1, round(0.4 / settings.step_s))
+    out: list[SpeakerSegment] = []
+    least = round(asd_settings.min_s * fps)
+    for s0, s1, state in speech_runs(states, steps_speech, bridge):
+        f0, f1 = s0 * step, min(n_frames, s1 * step)
+        means = row_means(steps_sc[:, s0:s1])
+        seg = _judge_asd(state - 1, means, (f0, f1), asd_settings)
+        if seg.status == "speaker" and seg.speaker is not None:
+            synced = row_means(steps_lead[seg.speaker : seg.speaker + 1, s0:s1])[0]
+            if not synced >= asd_settings.sync_min:  # moving lips that do not follow the speech
+                seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
+        if f1 - f0 < least and seg.status != "none":  # a short line: only as the previous speaker going on
+            prev = out[-1] if out else None
+            k = seg.speaker
+            goes_on = prev is not None and prev.status == "speaker" and prev.speaker == k
+            if goes_on and k is not None and means[k] > asd_settings.on:
+                seg = dataclasses.replace(seg, status="speaker", runner_up=None, score=prev.score)
+            elif seg.status == "speaker":
+                seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
+        out.append(seg)
+    return out
+
+
+def _judge_asd(chosen: int, means: np.ndarray, frames: tuple[int, int], a: AsdSettings) -> SpeakerSegment:
+    """Status and score of one segment from each face's mean speaking score (NaN: absent)."""
+    f0, f1 = frames
+    ranked = sorted(((float(means[k]), k) for k in range(len(means)) if not np.isnan(means[k])), reverse=True)
+    if chosen < 0 or chosen not in [k for _, k in ranked]:
+        top, who = ranked[0] if ranked else (-np.inf, None)
+        if who is not None and top > a.on - a.band:  # nobody by the path, yet a face is near the line
+            return SpeakerSegment(
+                f0,
+                f1,
+                "uncertain",
+                who,
+                round(float(np.clip((top - a.on + a.band) / (4 * a.band), 0, 0.5)), 3),
+            )
+        return SpeakerSegment(
+            f0, f1, "none", None, round(float(np.clip((a.on - top) / a.scale, 0.0, 1.0)), 3)
+        )
+    best = float(means[chosen])
+    rivals = [(m, k) for m, k in ranked if k != chosen]
+    second, rival = rivals[0] if rivals else (-np.inf, None)
+    strength = float(np.clip((best - a.on) / a.scale, 0.0, 1.0))
+    if rival is not None and second >= a.on + a.band and best - second < a.margin:  # two speakers?
+        lead = float(np.clip((best - second) / a.margin, 0.0, 1.0))
+        return SpeakerSegment(f0, f1, "uncertain", chosen, round(0.5 * strength * lead, 3), rival)
+    if best < a.on + a.band:
+        return SpeakerSegment(f0, f1, "uncertain", chosen, round(0.5 * strength, 3), rival)
+    return SpeakerSegment(f0, f1, "speaker", chosen, round(0.5 + 0.5 * strength, 3))
+
+
+def fuse_asd(
+    agreed: list[SpeakerSegment], learned: list[SpeakerSegment], n_frames: int
+) -> list[SpeakerSegment]:
+    """Frame by frame, the agreement route's segments (``agreed``: `refine_with_agreement`) joined with the
+    learned ones (``learned``: `find_asd_speakers`), then runs of one verdict as segments (score: the mean
+    of the chosen verdicts' scores).  Agreement uncertain + learned speaker -> the learned speaker; a
+    confident agreement speaker stays unless the learned route is sure of another face (-> uncertain, both
+    named) or of nobody (-> uncertain); agreement "none" stays."""
+
+    def frames(segs: list[SpeakerSegment]) -> list[SpeakerSegment | None]:
+        out: list[SpeakerSegment | None] = [None] * n_frames
+        for seg in segs:
+            out[seg.start_frame : seg.end_frame] = [seg] * (min(n_frames, seg.end_frame) - seg.start_frame)
+        return out
+
+    verdicts: list[tuple[str, int | None, int | None] | None] = []
+    scores = np.zeros(n_frames)
+    for t, (a, b) in enumerate(zip(frames(agreed), frames(learned), strict=True)):
+        pick: tuple[str, int | None, int | None] | None = None
+        sure_b = b is not None and b.status == "speaker"
+        if a is None:
+            pick, scores[t] = (
+                (None if b is None else (b.status, b.speaker, b.runner_up)),
+                0 if b is None else b.score,
+            )
+        elif a.status == "uncertain" and sure_b:
+            pick, scores[t] = ("speaker", b.speaker, None), b.score
+        elif a.status == "speaker" and sure_b and b.speaker != a.speaker:
+            pick, scores[t] = ("uncertain", a.speaker, b.speaker), 0.5 * min(a.score, b.score)
+        elif a.status == "speaker" and b is not None and b.status == "none":  # sure nobody on screen says it
+            pick, scores[t] = ("uncertain", a.speaker, None), 0.5 * a.score
+        else:
+            pick, scores[t] = (a.status, a.speaker, a.runner_up), a.score
+        verdicts.append(pick)
+    out: list[SpeakerSegment] = []
+    t = 0
+    while t < n_frames:
+        v = verdicts[t]
+        e = t + 1
+        while e < n_frames and verdicts[e] == v:
+            e += 1
+        if v is not None:
+            out.append(SpeakerSegment(t, e, v[0], v[1], round(float(np.mean(scores[t:e])), 3), v[2]))
+        t = e
+    return out
+
+
+__all__ = ["AsdSettings", "find_asd_speakers", "fuse_asd"]
