@@ -26,12 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.checkpoint import CheckpointError, read_safetensors, strict_assign
+from model.light_asd_format import FACE_SIDE, MFCC_PER_FRAME, N_MFCC, VIDEO_FPS
 
 WEIGHTS = Path(__file__).parent / "assets" / "light_asd_ava.safetensors"
-FACE_SIDE = 112  # grey face crop side (pixels)
-VIDEO_FPS = 25  # the clip rate the network was trained at
-MFCC_PER_FRAME = 4  # 100 MFCC frames per second against 25 video frames
-N_MFCC = 13
 PIXEL_MEAN, PIXEL_STD = 0.4161, 0.1688  # grey level normalisation (of values in 0..1)
 BN_EPS = 1e-3
 

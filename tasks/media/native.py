@@ -126,7 +126,9 @@ def _code(values: np.ndarray, layout: PixelLayout) -> np.ndarray:
     return np.clip(np.rint(values), 0, (1 << layout.depth) - 1).astype(layout.dtype)
 
 
-PASTE_BATCH = 2  # frames converted together: bounds the float temporaries (~125 MB a batch of whole 1080p frames)
+PASTE_BATCH = (
+    2  # frames converted together: bounds the float temporaries (~125 MB a batch of whole 1080p frames)
+)
 
 
 def paste_changed(

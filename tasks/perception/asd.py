@@ -17,12 +17,18 @@ speech" heavily).  Must not decode media nor decide who speaks.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import cv2
 import numpy as np
-import torch
 
-from model.light_asd import FACE_SIDE, MFCC_PER_FRAME, VIDEO_FPS, LightASD
+from model.light_asd_format import FACE_SIDE, MFCC_PER_FRAME, VIDEO_FPS
 from model.mfcc import mfcc
+
+if TYPE_CHECKING:  # torch is imported where the network runs: cutting crops needs none
+    import torch
+
+    from model.light_asd import LightASD
 
 WINDOW, CONTEXT = 100, 8  # encoder windows (25 fps frames) and their context either side
 CHUNKS = (25, 50, 100, 150)  # recurrent chunks (frames): 1, 2, 4, 6 s
@@ -96,6 +102,8 @@ def _windows(n: int) -> list[tuple[int, int, int, int]]:
 
 def _embed(net: LightASD, faces: np.ndarray, feats: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(L, 128) audio and visual embeddings of one stretch: faces (L, 112, 112), feats (4L, 13)."""
+    import torch
+
     a_out, v_out = [], []
     for a, b, k0, k1 in _windows(len(faces)):
         v = net.visual(torch.from_numpy(faces[a:b]).unsqueeze(0))  # (1, b - a, 128)
@@ -137,6 +145,8 @@ def asd_scores(
     Runs on one thread: these small convolutions and GRU steps gain nothing from more, and the thread
     pool's spin-waits more than double the CPU time (measured: the GRU part 0.02 vs 1.9 CPU-s per 5 s).
     """
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -148,6 +158,8 @@ def asd_scores(
 def _scores(
     net: LightASD, crops: FaceCrops, ids: list[int], samples: np.ndarray, sr: int
 ) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
     ticks = crops.ticks
     feats = mfcc(samples, sr)  # (M, 13) at 100 per second
     need = MFCC_PER_FRAME * len(ticks)

@@ -26,7 +26,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from model.light_asd import load_light_asd
 from tasks.config import SpeakerConfig
 from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
@@ -297,6 +296,8 @@ def analyse_frames(
     asd_rows: tuple[tuple[float | None, ...], ...] = ()
     if crops is not None and audio is not None:
         ids = [tr.id for tr in tracks]
+        from model.light_asd import load_light_asd  # torch: only where a face's crops are scored
+
         scores, lead = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
         learned = find_asd_speakers(scores, lead, change, speech_prob, fps, settings, asd_settings(cfg))
         segments = fuse_asd(segments, learned, n_frames)
