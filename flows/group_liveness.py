@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.workspace import Workspace, stable_hash
+from flows.workspace import Workspace, shot_done, stable_hash
 from tasks.errors import DubflowError
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,12 @@ def outlived_crash(
 ) -> bool:
     """For a child run seen Crashed: wait while its process still renders; True when all its shots are
     done then (the run's state is set to Completed, naming why), False when the group was lost."""
-    from flows.report import group_report
-
     if group_alive(ws, shots):
         log.warning("%s: its run was marked %s (%s) but the group is still rendering: waiting for it",
                     name, child.state.name, child.state.message)  # fmt: skip
         while group_alive(ws, shots):
             time.sleep(poll_s)
-    if group_report(ws, shots)["failed"]:
+    if not all(shot_done(ws, s["index"], s["key"]) for s in shots):
         crash_unfinished_tasks(child, name)
         return False
     _set_completed(

@@ -8,6 +8,7 @@ with one cpu worker and two "gpu" workers, started once per session (``tests/sta
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -54,3 +55,22 @@ def dub_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("stack")
     with running_stack(base, n_gpu_workers=2) as stack:
         yield stack
+
+
+@pytest.fixture
+def backend_log() -> Iterator[list[str]]:
+    """Messages of the InfiniteTalk backend's logger, in order (a handler of its own: Prefect
+    reconfigures logging)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("tasks.infinitetalk")
+    handler, level = Keep(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)

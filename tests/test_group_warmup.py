@@ -6,7 +6,6 @@ load is recorded apart from the shots, and sizes the resident models are warm fo
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -38,24 +37,6 @@ def resident(monkeypatch: pytest.MonkeyPatch) -> ResidentModels:
     fresh = ResidentModels()
     monkeypatch.setattr(it, "RESIDENT", fresh)
     return fresh
-
-
-@pytest.fixture
-def backend_log() -> list[str]:
-    """Messages of the backend's logger, in order (a handler of its own: Prefect reconfigures logging)."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("tasks.infinitetalk")
-    handler, level = Keep(logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _film_config(ws_root: Path, seed: int = 42) -> dict:

@@ -4,7 +4,6 @@ geometry, one model load per process, per-film caches, and a worker killed mid-s
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -79,24 +78,6 @@ def _job(
         info.to_dict(), plan.to_dict(), track.to_dict(), bounds[start], str(tmp / f"{name}.mkv"),
         cfg.to_dict(), work_dir=str(work),
     )  # fmt: skip
-
-
-@pytest.fixture
-def backend_log() -> list[str]:
-    """Messages of the backend's logger (a handler of its own: Prefect reconfigures logging)."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("tasks.infinitetalk")
-    handler, level = Keep(logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _source(span: tuple[int, int]) -> np.ndarray:

@@ -41,18 +41,24 @@ def _crashed_run():
         return client.read_flow_run(run.id)
 
 
+def _crashed_group(tmp: Path):
+    """(workspace, its 3 shots with the last not done, their group's run marked Crashed)."""
+    from flows.workspace import open_workspace
+
+    film = tmp / "film.mp4"
+    film.write_bytes(b"film")
+    ws = open_workspace(tmp / "ws", film, {"pass": "quality"})
+    return ws, _shots(ws, 3), _crashed_run()
+
+
 def test_a_crashed_but_live_group_is_waited_for_and_a_dead_one_is_lost(tmp_path: Path):
     from prefect.client.orchestration import get_client
 
     from flows.group_liveness import group_alive, group_lock_path, outlived_crash
     from flows.run_lock import hold_lock
-    from flows.workspace import mark_shot_done, open_workspace
+    from flows.workspace import mark_shot_done
 
-    film = tmp_path / "film.mp4"
-    film.write_bytes(b"film")
-    ws = open_workspace(tmp_path / "ws", film, {"pass": "quality"})
-    shots = _shots(ws, 3)
-    child = _crashed_run()
+    ws, shots, child = _crashed_group(tmp_path)
     assert not group_alive(ws, shots)
     assert outlived_crash(ws, shots, child, "group-000", poll_s=0.1) is False  # gone, a shot not done: lost
 
@@ -91,13 +97,8 @@ def test_a_lost_groups_running_shot_task_is_marked_crashed(tmp_path: Path):
     from prefect.states import Completed, Running
 
     from flows.group_liveness import outlived_crash
-    from flows.workspace import open_workspace
 
-    film = tmp_path / "film.mp4"
-    film.write_bytes(b"film")
-    ws = open_workspace(tmp_path / "ws", film, {"pass": "quality"})
-    shots = _shots(ws, 3)
-    child = _crashed_run()
+    ws, shots, child = _crashed_group(tmp_path)
 
     @task(name="shot")
     def shot() -> None:

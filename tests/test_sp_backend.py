@@ -20,7 +20,7 @@ from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, resolve_options
 from tasks.render.shot import render_shot_result
 from tests.media import decode_all
-from tests.test_infinitetalk import SHORT_CHUNKS, _job, backend_log, resident, ws_root  # noqa: F401 (fixtures)
+from tests.test_infinitetalk import SHORT_CHUNKS, _job, resident, ws_root  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.distributed
 
@@ -73,7 +73,7 @@ def test_a_rank_killed_mid_chunk_fails_the_shot_and_fresh_ranks_resume_it(
     tmp_path: Path,
     ws_root: Path,  # noqa: F811
     resident: ResidentModels,  # noqa: F811
-    backend_log: list[str],  # noqa: F811
+    backend_log: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ):
     """Rank 1 SIGKILLed inside chunk 2 of 2 (the DUBFLOW_SP_FAULT hook: its job 3 = describe, chunk 1,
