@@ -22,8 +22,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-test: setup
-	$(BIN)/python -m pytest -q
+# A second ffmpeg build for tests/test_ffmpeg_builds.py: imageio-ffmpeg 0.6.0's static ffmpeg 7.0.2, the one
+# the GPU host's bundle carries (scripts/device_bundle.py). Without PyPI the test skips.
+FFMPEG7 := $(VENV)/ffmpeg-builds/ffmpeg-7.0.2
+$(FFMPEG7):
+	mkdir -p $(VENV)/ffmpeg-builds
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+		-d $(VENV)/ffmpeg-builds "imageio-ffmpeg==0.6.0" \
+	&& $(BIN)/python -c 'import glob, os, sys, zipfile; z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/imageio_ffmpeg-0.6.0-*.whl")[0]); \
+		n = next(n for n in z.namelist() if "binaries/ffmpeg-" in n); open(sys.argv[2], "wb").write(z.read(n)); os.chmod(sys.argv[2], 0o755); os.remove(z.filename)' \
+		$(VENV)/ffmpeg-builds $(FFMPEG7) \
+	|| echo "make: no second ffmpeg build (PyPI unreachable?): tests/test_ffmpeg_builds.py skips"
+
+test: setup $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
+	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" $(BIN)/python -m pytest -q
 
 # The bundled sample film through the real deployment (scripts/demo.sh): starts the local Prefect stack
 # (server + UI, pools, deployments, one worker on GPU 0 or the CPU), runs `prefect deployment run
