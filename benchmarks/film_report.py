@@ -186,6 +186,12 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
             "assembly_s": round(film["end"] - max(ends), 1) if ends and film["end"] and film["state_type"] == "COMPLETED" else None,
             "steps_s": steps,
         }  # fmt: skip
+    per_shot = []  # where a shot's GPU time went: its Completed task run's wall and its render's stages
+    for t in sorted(rendered, key=_index):
+        res = data["done"].get(_index(t)) or {}
+        per_shot.append({"shot": _index(t), "wall_s": round(t["end"] - t["start"], 1),
+                         "s": round(span.get(_index(t), 0.0), 3), "dubbed": bool(res.get("dubbed")),
+                         "chunks": res.get("chunks"), "timings_s": res.get("timings_s") or {}})  # fmt: skip
     first, last = data["films"][0], data["films"][-1]
     group_name = {g["id"]: g["name"] for g in data["groups"]}
     kill_attempts = [
@@ -213,6 +219,8 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
         "group_lead_in_s": round(leads, 1), "group_tail_s": round(tails, 1),
         "nvml_idle_pct_group_runs": _nvml_idle(samples, [(s, e) for s, e, _ in windows]),
         "nvml_idle_pct_between_shots": _nvml_idle(samples, gap_spans),
+        "nvml_idle_pct_in_shots": _nvml_idle(samples, [(t["start"], t["end"]) for t in rendered]),
+        "per_shot": per_shot,
     }  # fmt: skip
 
 
@@ -326,6 +334,11 @@ def render_report(result: dict[str, Any]) -> str:
             f"without loads; group lead-in {f['group_lead_in_s']} s, tail {f['group_tail_s']} s; NVML idle "
             f"{f['nvml_idle_pct_group_runs']} % in group runs, {f['nvml_idle_pct_between_shots']} % between shots",
         ]
+        lines.append(f"NVML idle inside the Completed shot task runs: {f.get('nvml_idle_pct_in_shots')} %")
+        for r in f.get("per_shot", []):
+            stages = ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())
+            lines.append(f"  shot {r['shot']:04d} ({r['s']} s, {'dubbed' if r['dubbed'] else 'copied'}, "
+                         f"{r['chunks']} chunk(s)): {r['wall_s']} s = {r['wall_s'] / max(r['s'], 1e-9):.2f} s/s; {stages}")  # fmt: skip
         lines.append(f"group runs: {f['group_states']}")
         lines.append(f"kill shot's task runs: {f['kill_shot_task_runs']}; chunks resumed from its checkpoints: "
                      f"{f['kill_shot_chunks_resumed']}")  # fmt: skip
