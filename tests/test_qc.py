@@ -143,6 +143,9 @@ def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
     assert tuple(marked[50, 45]) == (60, 220, 90)  # the speaker's face box, green
     assert tuple(marked[50, 235]) == (230, 60, 60)  # the poster's, red
     assert np.array_equal(marked[130:, 290:], frames[3][130:, 290:])  # nothing drawn elsewhere
+    half = speaker_overlay(dataclasses.replace(d, faces=faces), 0.5).annotate(3, frames[3][::2, ::2].copy())
+    assert tuple(half[25, 22]) == (60, 220, 90) and tuple(half[25, 117]) == (230, 60, 60)  # scaled boxes
+    assert tuple(half[50, 60]) == (40, 40, 40)  # nothing on the full-size box's top edge
     plain = write_qc(frames, frames, tmp_path, "plain", QcConfig(sheet_frames=2, sheet_cols=2))
     marked_qc = write_qc(
         frames, frames, tmp_path, "marked", QcConfig(sheet_frames=2, sheet_cols=2), overlay=overlay
@@ -150,3 +153,47 @@ def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
     a, b = cv2.imread(str(plain.contact_sheet)), cv2.imread(str(marked_qc.contact_sheet))
     assert b.shape[1] == a.shape[1] and b.shape[0] > a.shape[0]  # the timeline strip below the grid
     assert not np.array_equal(a, b[: a.shape[0]])
+
+
+@pytest.mark.parametrize(
+    ("size", "rotation", "sar", "display"),
+    [((1920, 1080), None, None, (240, 428)), ((1280, 720), 90, None, (240, 136)),
+     ((1440, 1080), None, "4/3", (240, 427)), ((960, 720), 270, "4/3", (240, 136))],
+)  # fmt: skip
+def test_shot_qc_decodes_scaled_down_and_matches_the_full_size_picture(
+    tmp_path, size, rotation, sar, display
+):
+    """A shot's QC is decoded at QC's size by ffmpeg (not at 1080p through the pipes): the preview's halves
+    are the display-orientation, square-pixel picture at 240 px, as a full-size decode scaled down."""
+    from tasks.media.frames import read_frames
+    from tasks.media.probe import probe
+    from tasks.picture.geometry import ModelGeometry
+    from tasks.render.qc import fit_height
+    from tasks.render.shot import qc_geometry, write_shot_qc
+    from tasks.timeline.plan import plan_shot
+    from tasks.timeline.shots import Shot
+    from tests.media import make_clip
+
+    src = make_clip(tmp_path / "src.mp4", (12,), size=size, audio_channels=None, rotation=rotation, sar=sar)
+    info = probe(src)
+    width, geometry, scale = qc_geometry(info, 240)
+    assert width is not None and width < info.width and geometry.display_hw == display
+    assert abs(scale - display[0] / ModelGeometry.for_video(info).display_hw[0]) < 0.01
+    plan = plan_shot(Shot(0, 0, info.frame_count), info.fps, load_plan_config())
+    res = write_shot_qc(info, plan, src, tmp_path / "qc", np.zeros((16000, 1), np.float32), 16000, 240)
+    (w, h), frames = decode(res["preview"])
+    half = fit_height(np.zeros((*display, 3), np.uint8), 240).shape[1]
+    assert (h, w) == (240, 2 * half) and probe(res["preview"]).frame_count == info.frame_count
+    full = ModelGeometry.for_video(info).to_display(read_frames(info, [5])[5])
+    want = fit_height(full, 240)
+    n = min(half, want.shape[1])  # the two roundings of an odd display width may differ by 2 px
+    got = frames[5][:, :n].astype(int)
+    assert (
+        np.abs(got - want[:, :n].astype(int)).mean() < 6
+    )  # the same picture (x264 at crf 26 on both halves)
+
+
+def load_plan_config():
+    from tasks.config import load_config
+
+    return load_config().plan

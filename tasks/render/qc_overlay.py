@@ -33,11 +33,18 @@ class SpeakerOverlay:
     """Draws a shot's tracks, dubbed speakers and speech timeline (see the module docstring)."""
 
     def __init__(
-        self, faces: ShotFaces, regions: list[DubRegion], names: dict[str, str] | None = None
+        self,
+        faces: ShotFaces,
+        regions: list[DubRegion],
+        names: dict[str, str] | None = None,
+        scale: float = 1.0,
     ) -> None:
         self.faces = faces
         self.regions = regions
         self.names = names or {}  # track id (str) -> character name
+        self.scale = (
+            scale  # pixels of the frames drawn on per display pixel of the film (a downscaled decode)
+        )
 
     def region_at(self, t: int) -> DubRegion | None:
         return next((r for r in self.regions if r.start_frame <= t < r.end_frame), None)
@@ -52,7 +59,7 @@ class SpeakerOverlay:
             if not tr.start_frame <= t < tr.end_frame:
                 continue
             b = np.array(tr.boxes, np.float64)
-            box = [int(round(np.interp(t, tr.frames, b[:, k]))) for k in range(4)]
+            box = [int(round(np.interp(t, tr.frames, b[:, k]) * self.scale)) for k in range(4)]
             chosen = region is not None and (
                 region.speaker == tr.id or any(p["track"] == tr.id for p in region.people)
             )
@@ -67,7 +74,7 @@ class SpeakerOverlay:
             )
             _text(out, label, (box[0], max(12, box[1] - 4)), colour, scale)
         if region is not None:
-            x0, y0, x1, y1 = region.plan.box_at(t - region.start_frame)
+            x0, y0, x1, y1 = (round(v * self.scale) for v in region.plan.box_at(t - region.start_frame))
             cv2.rectangle(out, (x0, y0), (x1 - 1, y1 - 1), YELLOW, thick)
         return out
 
@@ -128,11 +135,12 @@ class SpeakerOverlay:
         return img
 
 
-def speaker_overlay(decision: ShotDecision) -> SpeakerOverlay | None:
-    """The overlay of a shot decision (None when the decision carries no face analysis)."""
+def speaker_overlay(decision: ShotDecision, scale: float = 1.0) -> SpeakerOverlay | None:
+    """The overlay of a shot decision (None when the decision carries no face analysis); `scale`: see
+    `SpeakerOverlay`."""
     if decision.faces is None:
         return None
-    return SpeakerOverlay(decision.faces, list(decision.regions), decision.characters)
+    return SpeakerOverlay(decision.faces, list(decision.regions), decision.characters, scale)
 
 
 __all__ = ["SpeakerOverlay", "speaker_overlay"]

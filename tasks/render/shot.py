@@ -17,7 +17,9 @@ dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a conta
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -174,6 +176,23 @@ def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
             w.write(frame)
 
 
+def qc_geometry(info: VideoInfo, display_height: int) -> tuple[int | None, ModelGeometry, float]:
+    """The coded width QC decodes at (None: the full size), the geometry from those frames to display
+    orientation and square pixels, and the display scale, so that QC's frames come out about
+    `display_height` tall (pure)."""
+    g = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
+    disp_h, disp_w = g.display_hw
+    width = math.ceil(info.width * display_height / disp_h)
+    width += width % 2
+    if width >= info.width:
+        return None, g, 1.0
+    height = max(2, round(info.height * width / info.width / 2) * 2)  # as iter_frames scales
+    fx, fy = width / info.width, height / info.height
+    rotated = info.rotation in (90, 270)
+    hw = (max(2, round(disp_h * (fx if rotated else fy))), max(2, round(disp_w * (fy if rotated else fx))))
+    return width, dataclasses.replace(g, coded_hw=(height, width), display_hw=hw), hw[0] / disp_h
+
+
 def write_shot_qc(
     info: VideoInfo,
     plan: ShotPlan,
@@ -186,12 +205,15 @@ def write_shot_qc(
     decision: ShotDecision | None = None,
 ) -> dict[str, str]:
     """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
-    (`title`: a banner on both, e.g. for a preview pass)."""
+    (`title`: a banner on both, e.g. for a preview pass). Both are decoded already scaled down by ffmpeg
+    to the largest height QC draws (`qc_geometry`): a 1080p shot's frames would cross the pipes at
+    ~25x the bytes, serially after the render on the GPU host."""
 
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
-    geometry = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
-    overlay = speaker_overlay(decision) if decision is not None else None
+    qc = QcConfig(height=height, fps=float(info.fps), title=title)
+    width, geometry, scale = qc_geometry(info, max(qc.height, qc.thumb_height))
+    overlay = speaker_overlay(decision, scale) if decision is not None else None
     qc_dir.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp.wav", dir=qc_dir)  # scratch, removed below
     os.close(fd)
@@ -199,11 +221,14 @@ def write_shot_qc(
     try:
         sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
         result = write_qc(
-            (geometry.to_display(f) for f in iter_frames(info, plan.start_frame, plan.end_frame)),
-            (geometry.to_display(f) for f in iter_frames(dubbed, 0, plan.num_frames)),
+            (
+                geometry.to_display(f)
+                for f in iter_frames(info, plan.start_frame, plan.end_frame, width=width)
+            ),
+            (geometry.to_display(f) for f in iter_frames(dubbed, 0, plan.num_frames, width=width)),
             qc_dir,
             stem,
-            QcConfig(height=height, fps=float(info.fps), title=title),
+            qc,
             num_frames=plan.num_frames,
             audio=wav,
             overlay=overlay,
