@@ -176,8 +176,6 @@ def asd_scores(
 def _scores(
     net: LightASD, crops: FaceCrops, ids: list[int], samples: np.ndarray, sr: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    import torch
-
     ticks = crops.ticks
     feats = mfcc(samples, sr)  # (M, 13) at 100 per second
     need = MFCC_PER_FRAME * len(ticks)
