@@ -1,15 +1,16 @@
 """Who speaks when two mouths move: the audio-visual cases (tests/av_cases.py) through the real pipeline.
 
-Encodes every case (both sets: ``tune``, the one the `speaker.av_*` thresholds were set on, and
-``held_out``) as a film, decides it as one shot (`tasks.decision.shot_decision.decide_shot`: decode, VAD,
-faces, agreement, gate) and prints per case: the truth, the gate's speaker turns (frames, face or none,
+Encodes every case (``--splits``: ``tune``, the one the `speaker.*` thresholds were set on, ``held_out``,
+seen while the learned route was built, and ``held_out_2``, run once after the rules were settled) as a
+film, decides it as one shot (`tasks.decision.shot_decision.decide_shot`: decode, VAD, faces, agreement,
+gate) and prints per case: the truth, the gate's speaker turns (frames, face or none,
 status, score; `speaker.uncertain` decides what an uncertain turn dubs), each
 face's mean agreement over the speech, the verdict (right / uncertain / wrong), the onset error of each
 true turn in frames (first dubbed frame minus the frame its speech starts; <= 0 is in time) and the switch
 error of the turn-taking case, plus the analysis's CPU-s per video-s of each case.  `--set KEY=VALUE`
 overrides the config.  CPU only, a few minutes.  Must not be imported by the pipeline.
 
-    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--only NAME] [--sizes 80,120,...] [--set speaker.KEY=VALUE ...]
+    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--splits tune,held_out,held_out_2] [--only NAME] [--sizes 80,120,...] [--set speaker.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
-from tests.av_cases import av_cases, judge, small_face
+from tests.av_cases import SETS, av_cases, judge, small_face
 from tests.speaker_cases import FPS, SR, encode
 
 
@@ -38,6 +39,9 @@ def main() -> None:
     ap.add_argument(
         "--sizes", default="", help="instead: the small-face wide shot at these face heights (px)"
     )
+    ap.add_argument(
+        "--splits", default="tune,held_out", help="comma-separated sets (held_out_2: once, rules settled)"
+    )
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     print(
@@ -45,14 +49,14 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        todo = av_cases()
-        if args.sizes:  # the smallest reliable face: the wide shot at several sizes, both sets
+        splits = tuple(args.splits.split(","))
+        todo = av_cases(splits)
+        if args.sizes:  # the smallest reliable face: the wide shot at several sizes, each set
             px = [int(v) for v in args.sizes.split(",")]
             todo = {
-                f"{sp}/{c}": small_face(sp, a, b, p)
+                f"{sp}/small_face_{p}px": small_face(sp, SETS[sp].a, SETS[sp].b, p, SETS[sp].b_phase)
                 for p in px
-                for sp, a, b in (("tune", 2, 1), ("held_out", 4, 5))
-                for c in [f"small_face_{p}px"]
+                for sp in splits
             }
         for name, case in todo.items():
             if args.only not in name:

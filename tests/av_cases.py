@@ -14,9 +14,16 @@ saying anything heard), or an out-of-sync copy of the speaker.  The cases (each 
 - ``out_of_sync``: the speaker beside a mirrored copy of itself 0.6 s late;
 - ``reaction``: a reaction shot, one face moving its lips while an off-screen voice speaks (nobody).
 
-Each case comes in two sets: ``tune`` (the voices are seeds 2 and 1, the other faces seeds 1 and 3) and
-``held_out`` (the voices are seeds 4 and 5; seed 1's face is one of the three-face listeners); the
-thresholds were tuned on the first set only.  `judge` scores a decision's regions against the truth.
+Each case comes in three sets: ``tune`` (the voices are seeds 2 and 1, the other faces seeds 1 and 3),
+``held_out`` (the voices are seeds 4 and 5; seed 1's face is one of the three-face listeners) and
+``held_out_2`` (composed before the sync-lead rule of issue 24 was set, run once after it): the voice is
+seed 3 (never a voice in the other sets) from its first frame, the turn-taking answer seed 4's from its
+frame 30 (its second line; its voice there comes after seed 3's), the listeners seed 4 mouthing backwards
+from another phase (40 frames into the reversed clip), seed 4 talking from frame 30 (two faces; the
+reaction shot's lone face is this one: a face saying *other words* under the voice, not backwards lips)
+and seed 2 talking from frame 5 (the third face of the three; seed 2 is a listener in no other set).  The
+thresholds were tuned on ``tune`` only; ``held_out`` was looked at while the learned route was built, so
+only ``held_out_2`` is unseen.  `judge` scores a decision's regions against the truth.
 """
 
 from __future__ import annotations
@@ -72,10 +79,11 @@ def talking(i: int, n: int, start: int = 0) -> np.ndarray:
     return f[np.minimum(np.arange(start, start + n), len(f) - 1)]
 
 
-def backwards(i: int, n: int) -> np.ndarray:
-    """n frames of seed i's talking played from its end backwards: moving lips, no speech heard."""
+def backwards(i: int, n: int, phase: int = 0) -> np.ndarray:
+    """n frames of seed i's talking played from its end backwards (from ``phase`` frames into the reversed
+    clip): moving lips, no speech heard."""
     f = seed_frames(i)
-    return f[::-1][np.arange(n) % len(f)]
+    return f[::-1][(np.arange(n) + phase) % len(f)]
 
 
 def canvas(clips: list[np.ndarray], size_hw: tuple[int, int], scale: list[float] | None = None) -> tuple:
@@ -102,56 +110,83 @@ def _case(name, split, clips, size, audio, truth, onsets, scale=None) -> AvCase:
     return AvCase(name, split, frames, audio, xs, truth, onsets)
 
 
-def _set(split: str, a: int, b: int, c: int) -> list[AvCase]:
-    """The seven cases with speaker voice ``a`` and listeners from seeds ``b`` and ``c``."""
+@dataclass(frozen=True)
+class Material:
+    """Which seeds and stretches a set's cases are made of (see the module docstring)."""
+
+    a: int  # the speaker's voice and face
+    b: int  # the listener / second face / the turn-taking answer
+    c: int  # the third face of the three-face case
+    b_phase: int = 0  # frames into b's reversed clip where its backwards mouthing starts
+    b_start: int = 10  # b talking (two faces) from this frame
+    c_start: int = 5  # c talking from this frame
+    answer_start: int = 0  # b's turn-taking answer (voice and frames) from this frame of b
+    reaction_talks: bool = False  # the reaction's lone face: b talking (from b_start), not mouthing backwards
+
+
+def _set(split: str, m: Material) -> list[AvCase]:
+    """The seven cases of one set."""
+    a, b, c = m.a, m.b, m.c
     two, three = (360, 640), (360, 900)
     on_a = _speech_starts(a)[0] if _speech_starts(a)[0] < 10 else 0
     onset = (0,) if on_a < 3 else (on_a,)
     out = [
         _case(
-            "moving_listener", split, [talking(a, N), backwards(b, N)], two, _voice(a, N), ((0, N, 0),), onset
+            "moving_listener", split, [talking(a, N), backwards(b, N, m.b_phase)], two, _voice(a, N),
+            ((0, N, 0),), onset,
         ),
         _case(
-            "two_moving", split, [talking(b, N, 10), talking(a, N)], two, _voice(a, N), ((0, N, 1),), onset
+            "two_moving", split, [talking(b, N, m.b_start), talking(a, N)], two, _voice(a, N), ((0, N, 1),),
+            onset,
         ),
-    ]
+    ]  # fmt: skip
     # turn-taking: a talks for 62 frames while b's lips move silently, then b answers with its own voice
     # while a mouths backwards; b's answer starts where its own speech starts (from its first frame)
     cut = 62
     left = np.concatenate([talking(a, cut), backwards(a, N - cut)])
-    right = np.concatenate([backwards(b, cut), talking(b, N - cut)])
-    audio = np.concatenate([_voice(a, cut), _voice(b, N - cut)])
-    b_on = next((f for f in _speech_starts(b) if f < 20), 0)
+    right = np.concatenate([backwards(b, cut, m.b_phase), talking(b, N - cut, m.answer_start)])
+    audio = np.concatenate([_voice(a, cut), _voice(b, N - cut, m.answer_start)])
+    b_on = next((f - m.answer_start for f in _speech_starts(b) if 0 <= f - m.answer_start < 20), 0)
     out.append(
         _case(
             "turn_taking", split, [left, right], two, audio, ((0, cut, 0), (cut, N, 1)), (*onset, cut + b_on)
         )
     )
     out.append(
-        _case("three_faces", split, [backwards(b, N), talking(a, N), talking(c, N, 5)], three, _voice(a, N),
-              ((0, N, 1),), onset, [0.9, 0.9, 0.9])
+        _case("three_faces", split, [backwards(b, N, m.b_phase), talking(a, N), talking(c, N, m.c_start)],
+              three, _voice(a, N), ((0, N, 1),), onset, [0.9, 0.9, 0.9])
     )  # fmt: skip
-    out.append(dataclasses.replace(small_face(split, a, b, 80), name="small_face"))  # faces ~80 px in 1080p
+    small = small_face(split, a, b, 80, m.b_phase)  # faces ~80 px in 1080p
+    out.append(dataclasses.replace(small, name="small_face"))
     late = np.concatenate([np.repeat(talking(a, 1), 15, 0), talking(a, N - 15)])[:, :, ::-1]
     out.append(_case("out_of_sync", split, [talking(a, N), late], two, _voice(a, N), ((0, N, 0),), onset))
-    out.append(_case("reaction", split, [backwards(b, N)], two, _voice(a, N), ((0, N, None),), ()))
+    lone = talking(b, N, m.b_start) if m.reaction_talks else backwards(b, N, m.b_phase)
+    out.append(_case("reaction", split, [lone], two, _voice(a, N), ((0, N, None),), ()))
     return out
 
 
-def small_face(split: str, a: int, b: int, face_px: int) -> AvCase:
+def small_face(split: str, a: int, b: int, face_px: int, b_phase: int = 0) -> AvCase:
     """A 1920x1080 wide shot: speaker ``a`` beside listener ``b`` (mouthing backwards), faces ``face_px`` tall."""
     on_a = _speech_starts(a)[0]
     onset = (0,) if on_a < 3 or on_a >= 10 else (on_a,)
     scale = [face_px / FACE_H[a], face_px / FACE_H[b]]
-    clips = [talking(a, N), backwards(b, N)]
+    clips = [talking(a, N), backwards(b, N, b_phase)]
     return _case(
         f"small_face_{face_px}px", split, clips, (1080, 1920), _voice(a, N), ((0, N, 0),), onset, scale
     )
 
 
-def av_cases() -> dict[str, AvCase]:
-    """Both sets, keyed "<split>/<name>": tune (voices of seeds 2 and 3) and held_out (seeds 4 and 5)."""
-    cases = _set("tune", 2, 1, 3) + _set("held_out", 4, 5, 1)
+SETS = {
+    "tune": Material(2, 1, 3),
+    "held_out": Material(4, 5, 1),
+    "held_out_2": Material(3, 4, 2, b_phase=40, b_start=30, answer_start=30, reaction_talks=True),
+}
+
+
+def av_cases(splits: tuple[str, ...] = ("tune", "held_out", "held_out_2")) -> dict[str, AvCase]:
+    """The sets, keyed "<split>/<name>": tune (voices of seeds 2 and 1), held_out (4 and 5), held_out_2
+    (3 and 4: unseen while the rules were set)."""
+    cases = [c for sp in splits for c in _set(sp, SETS[sp])]
     return {f"{c.split}/{c.name}": c for c in cases}
 
 
@@ -198,4 +233,15 @@ def judge(case: AvCase, turns: list[tuple[int, int, int | None, str]], tolerance
     return Verdict("uncertain", tuple(onsets), switch, why)
 
 
-__all__ = ["AvCase", "Verdict", "av_cases", "backwards", "canvas", "judge", "small_face", "talking"]
+__all__ = [
+    "SETS",
+    "AvCase",
+    "Material",
+    "Verdict",
+    "av_cases",
+    "backwards",
+    "canvas",
+    "judge",
+    "small_face",
+    "talking",
+]

@@ -9,10 +9,11 @@ square around its centre (grey 110 outside the frame; the lower-face crop of the
 moving listeners as speakers here, README).  The encoders run in windows of ``WINDOW`` frames with ``CONTEXT`` frames either side (their
 temporal reach is 6 frames, so the windows join exactly); the recurrent part is run over chunks of 1, 2,
 4 and 6 s and the scores averaged (its training clips were that short), then smoothed over 5 frames.
-Score > 0: speaking.  The score used is the network's plus its *sync lead*: how much higher it is than with
-the same track's audio moved by ``SHIFTS`` (0.6-1.6 s): lips that go with the speech lose by the move, a
-face that only moves while someone speaks does not (the network alone weighs "mouth moves during
-speech" heavily).  Must not decode media nor decide who speaks.
+Score > 0: speaking.  The score used is the network's plus its *sync lead* (`sync_lead`): how much better
+the face goes with its own moment of the audio than with moments ``SHIFTS`` (0.6-1.6 s) away, the audio
+and the face each moved against the other, so what either contributes alone cancels: lips that say this
+audio lead, a face that only moves while someone speaks (or says other words) does not (the network
+alone weighs "mouth moves during speech" heavily).  Must not decode media nor decide who speaks.
 """
 
 from __future__ import annotations
@@ -135,6 +136,23 @@ def _smooth(x: np.ndarray) -> np.ndarray:
     return np.convolve(x, k, "same") / np.convolve(np.ones_like(x), k, "same")
 
 
+def sync_lead(net: LightASD, a: torch.Tensor, v: torch.Tensor, score: np.ndarray) -> np.ndarray:
+    """(L,) how much better this face goes with its own audio than with the audio of other moments: per
+    shift d of SHIFTS, score(v_t, a_t) + score(v_t-d, a_t-d) - score(v_t, a_t-d) - score(v_t-d, a_t),
+    averaged.  Moving only the audio (the first version) also measures the audio itself: every moving
+    face loses when speech is moved onto a pause and gains when a pause is moved onto speech, so a lone
+    face mouthing other words led by chance wherever the speech had pauses; the swapped pairs cancel what
+    the audio and what the face alone contribute, leaving only whether they belong together."""
+    import torch
+
+    out = np.zeros(len(score))
+    for d in SHIFTS:
+        moved_audio = _backend(net, torch.roll(a, d, 0), v)
+        moved_face = _backend(net, a, torch.roll(v, d, 0))
+        out += score + np.roll(score, d) - moved_audio - moved_face
+    return out / len(SHIFTS)
+
+
 def asd_scores(
     net: LightASD, crops: FaceCrops, ids: list[int], samples: np.ndarray, sr: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -158,8 +176,6 @@ def asd_scores(
 def _scores(
     net: LightASD, crops: FaceCrops, ids: list[int], samples: np.ndarray, sr: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    import torch
-
     ticks = crops.ticks
     feats = mfcc(samples, sr)  # (M, 13) at 100 per second
     need = MFCC_PER_FRAME * len(ticks)
@@ -172,13 +188,13 @@ def _scores(
             seg = feats[MFCC_PER_FRAME * j0 : MFCC_PER_FRAME * (j0 + len(faces))]
             a, v = _embed(net, faces, np.ascontiguousarray(seg))
             score = _backend(net, a, v)
-            moved = np.mean([_backend(net, torch.roll(a, d, 0), v) for d in SHIFTS], axis=0)
-            per_tick[row, j0 : j0 + len(faces)] = _smooth(2 * score - moved)  # score + (score - moved)
-            lead_tick[row, j0 : j0 + len(faces)] = _smooth(score - moved)
+            lead = sync_lead(net, a, v, score)
+            per_tick[row, j0 : j0 + len(faces)] = _smooth(score + lead)
+            lead_tick[row, j0 : j0 + len(faces)] = _smooth(lead)
     # each shot frame reads the tick whose 1/25 s contains the frame's middle
     mid = (np.arange(crops.n_frames) + 0.5) * VIDEO_FPS / crops.fps
     j_of = np.minimum(len(ticks) - 1, np.floor(mid)).astype(np.int64)
     return per_tick[:, j_of], lead_tick[:, j_of]
 
 
-__all__ = ["FaceCrops", "asd_scores", "clock", "crop_face"]
+__all__ = ["FaceCrops", "asd_scores", "clock", "crop_face", "sync_lead"]

@@ -9,11 +9,14 @@ every other below ``on + band`` = that face speaks (a moving listener, an out-of
 none above it = "none" (voice-over, a reaction shot); two above it close together, or the best within
 ``band`` of ``on`` = "uncertain" (two speakers, or the network cannot tell).  A segment shorter than
 ``min_s`` (a short line after a pause) is a speaker only when it continues the previous speaker; and a
-speaker whose score barely drops when the audio is moved (mean sync lead below ``sync_min``: lips that
-move during speech without following it, a lone face mouthing along) is only "uncertain".
+speaker whose lips do not go better with their own moment of the audio than with others (mean sync lead,
+`tasks.perception.asd.sync_lead`, below ``sync_min``: lips that move during speech without following it,
+a lone face mouthing along) is only "uncertain".
 `fuse_asd` then joins the two verdicts frame by frame: the network settles what agreement left
 uncertain, contradicts (-> uncertain) a confident agreement speaker when it is sure of another face or
-of nobody, and leaves agreement's "none" alone (no moving mouth, or none following the speech: the network scores a
+of nobody or cannot confirm that face on its own (uncertain about it with no rival: weak sync lead, a
+score barely above the line, too short a line; the held-out reaction shot, a lone face mouthing along
+that agreement took for the speaker), and leaves agreement's "none" alone (no moving mouth, or none following the speech: the network scores a
 listener's parted lips under a voice-over as speaking).
 Pure numpy on per-frame rows (no media, no models).
 """
@@ -135,6 +138,13 @@ def _judge_asd(chosen: int, means: np.ndarray, frames: tuple[int, int], a: AsdSe
     return SpeakerSegment(f0, f1, "speaker", chosen, round(0.5 + 0.5 * strength, 3))
 
 
+def _unconfirmed(b: SpeakerSegment | None, k: int | None) -> bool:
+    """The learned route left face ``k`` uncertain with no rival face: its mean sync lead is below
+    ``sync_min`` (lips moving while the speech plays without following it, a lone face mouthing other
+    words), it is barely above the line, or its line is too short to tell."""
+    return b is not None and b.status == "uncertain" and b.speaker == k and b.runner_up is None
+
+
 def fuse_asd(
     agreed: list[SpeakerSegment], learned: list[SpeakerSegment], n_frames: int
 ) -> list[SpeakerSegment]:
@@ -166,6 +176,8 @@ def fuse_asd(
             pick, scores[t] = ("uncertain", a.speaker, b.speaker), 0.5 * min(a.score, b.score)
         elif a.status == "speaker" and b is not None and b.status == "none":  # sure nobody on screen says it
             pick, scores[t] = ("uncertain", a.speaker, None), 0.5 * a.score
+        elif a.status == "speaker" and _unconfirmed(b, a.speaker):  # its lips not shown to follow the audio
+            pick, scores[t] = ("uncertain", a.speaker, None), 0.5 * min(a.score, b.score)
         else:
             pick, scores[t] = (a.status, a.speaker, a.runner_up), a.score
         verdicts.append(pick)

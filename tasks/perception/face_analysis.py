@@ -240,6 +240,23 @@ def _measure(
             crops.feed(t, frame, live)
 
 
+def scored_tracks(
+    activity: np.ndarray, change: np.ndarray, speech_prob: np.ndarray, settings: SpeakerSettings, most: int
+) -> list[int]:
+    """Indices of the (at most ``most``) tracks the learned route scores: not still pictures, the highest
+    mean mouth activity over the source's speech first (a speaker's mouth moves then; the network's cost is
+    per face, so a crowd must not multiply it)."""
+    if activity.shape[0] == 0 or most <= 0:
+        return []
+    still = still_tracks(change, settings)
+    speech = np.asarray(speech_prob) >= 0.5
+    with np.errstate(invalid="ignore"):
+        rows = activity[:, speech] if speech.any() else activity
+        act = np.array([np.nanmean(r) if np.isfinite(r).any() else -np.inf for r in rows])
+    order = [int(k) for k in np.argsort(-act, kind="stable") if not still[k] and np.isfinite(act[k])]
+    return sorted(order[:most])
+
+
 def analyse_frames(
     frames: Iterable[np.ndarray],
     n_frames: int,
@@ -295,10 +312,14 @@ def analyse_frames(
         segments = find_speakers(activity, change, speech_prob, fps, settings)
     asd_rows: tuple[tuple[float | None, ...], ...] = ()
     if crops is not None and audio is not None:
-        ids = [tr.id for tr in tracks]
+        ids = scored_tracks(activity, change, speech_prob, settings, cfg.asd_max_faces)
         from model.light_asd import load_light_asd  # torch: only where a face's crops are scored
 
-        scores, lead = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
+        scores = np.full((len(tracks), n_frames), np.nan)
+        lead = scores.copy()
+        if ids:
+            got = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
+            scores[ids], lead[ids] = got
         learned = find_asd_speakers(scores, lead, change, speech_prob, fps, settings, asd_settings(cfg))
         segments = fuse_asd(segments, learned, n_frames)
         asd_rows = tuple(
@@ -382,6 +403,7 @@ __all__ = [
     "analyse_shot",
     "analysis_size",
     "display_frames",
+    "scored_tracks",
     "asd_settings",
     "av_settings",
     "source_envelope",
