@@ -180,7 +180,8 @@ def test_shot_qc_decodes_scaled_down_and_matches_the_full_size_picture(
     assert width is not None and width < info.width and geometry.display_hw == display
     assert abs(scale - display[0] / ModelGeometry.for_video(info).display_hw[0]) < 0.01
     plan = plan_shot(Shot(0, 0, info.frame_count), info.fps, load_plan_config())
-    res = write_shot_qc(info, plan, src, tmp_path / "qc", np.zeros((16000, 1), np.float32), 16000, 240)
+    audio = np.zeros((8000, 1), np.float32)  # 0.5 s of dub under 0.5005 s of picture: every frame still there
+    res = write_shot_qc(info, plan, src, tmp_path / "qc", audio, 16000, 240)
     (w, h), frames = decode(res["preview"])
     half = fit_height(np.zeros((*display, 3), np.uint8), 240).shape[1]
     assert (h, w) == (240, 2 * half) and probe(res["preview"]).frame_count == info.frame_count

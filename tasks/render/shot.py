@@ -219,7 +219,10 @@ def write_shot_qc(
     os.close(fd)
     wav = Path(name)
     try:
-        sf.write(str(wav), shot_audio, sample_rate, subtype="FLOAT", format="WAV")
+        # 0.2 s of silence after the shot's audio: the preview is cut to the shorter stream (`-shortest`),
+        # and a dub slice ending before the picture (a track shorter than the shot) cut the picture
+        tail = np.zeros((sample_rate // 5, *shot_audio.shape[1:]), shot_audio.dtype)
+        sf.write(str(wav), np.concatenate([shot_audio, tail]), sample_rate, subtype="FLOAT", format="WAV")
         result = write_qc(
             (
                 geometry.to_display(f)
