@@ -27,7 +27,11 @@ pytestmark = pytest.mark.distributed
 # Ulysses attention over 2 ranks splits the heads into separate attention calls: float32 sums may round
 # differently, so decoded uint8 frames may differ by a level or two (measured on this CPU: at most 1 level,
 # 384 of 2,764,800 values, mean 0.00014).
-MAX_LEVELS = 2
+# Two ranks add the attention's partial sums in another order than one process; a rare flip in a latent
+# comes out of the VAE decoder as a few levels on a few pixels. Seen: max 2 (2026-12-01), max 3 on
+# 99 of 2.76 M values on another machine of the same kind (2026-12-02, at 093008f too).
+MAX_LEVELS = 4
+MAX_CHANGED = 1e-4  # share of values that differ at all
 
 
 def test_two_gpus_per_shot_match_one_and_start_once(
@@ -46,7 +50,8 @@ def test_two_gpus_per_shot_match_one_and_start_once(
     a, b = decode_all(one["path"]).astype(np.int16), decode_all(two["path"]).astype(np.int16)
     diff = np.abs(a - b)
     assert a.shape == b.shape and diff.max() <= MAX_LEVELS, (diff.max(), np.count_nonzero(diff))
-    assert diff.mean() < 0.01, diff.mean()  # rare rounding flips, not a different dub
+    assert np.count_nonzero(diff) <= MAX_CHANGED * diff.size, np.count_nonzero(diff)  # rare flips only
+    assert diff.mean() < 0.01, diff.mean()  # not a different dub
     assert "sp_chunk" in two["timings_s"] and "dit" not in two["timings_s"]
 
     first = dict(resident.worker_stats)  # rank 0: describe + 3 chunks since its one setup
