@@ -340,6 +340,7 @@ def report(work: Path, tiny: bool) -> int:
     saved = json.loads((work / "readback.json").read_text())
     data, samples, result, out = saved["data"], saved["samples"], saved["result"], Path(saved["out"])
     data["done"] = {int(k): v for k, v in data["done"].items()}  # JSON object keys are strings
+    data["qc"] = {int(k): v for k, v in data.get("qc", {}).items()}
     manifest = result["film"]
     result["samples"] = len(samples)
     if "failed" not in result:

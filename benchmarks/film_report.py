@@ -71,7 +71,9 @@ def collect(stack: Any, manifest: dict[str, Any], result: dict[str, Any]) -> dic
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
 
     from flows.film_tasks import film_tag
+    from flows.shot_task import QC_RECORD
     from flows.workspace import read_attempts, read_group_loads, read_shot_done
+    from tasks.media.intermediates import read_marker
 
     ws = workspace_of(stack.workspace)
     tag = film_tag(manifest["film"])
@@ -100,11 +102,12 @@ def collect(stack: Any, manifest: dict[str, Any], result: dict[str, Any]) -> dic
     attempts = read_attempts(ws)
     keys = {a["shot"]: a["key"] for a in attempts}
     done = {i: (read_shot_done(ws, i, k) or {}).get("result") for i, k in keys.items()}
+    qc = {i: read_marker(ws.shot_dir(i, k) / QC_RECORD) for i, k in keys.items()}  # written beside renders
     return {
         "workspace": str(ws.path), "films": films, "groups": groups,
         "shot_tasks": [t for t in shot_tasks if t["name"].startswith("shot-")],
         "film_tasks": film_tasks, "table": table, "groups_table": groups_table, "summary": summary,
-        "attempts": attempts, "done": done, "group_loads": read_group_loads(ws),
+        "attempts": attempts, "done": done, "qc": qc, "group_loads": read_group_loads(ws),
     }  # fmt: skip
 
 
@@ -191,7 +194,8 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
         res = data["done"].get(_index(t)) or {}
         per_shot.append({"shot": _index(t), "wall_s": round(t["end"] - t["start"], 1),
                          "s": round(span.get(_index(t), 0.0), 3), "dubbed": bool(res.get("dubbed")),
-                         "chunks": res.get("chunks"), "timings_s": res.get("timings_s") or {}})  # fmt: skip
+                         "chunks": res.get("chunks"), "timings_s": res.get("timings_s") or {},
+                         "qc_s": (data.get("qc", {}).get(_index(t)) or {}).get("seconds")})  # fmt: skip
     first, last = data["films"][0], data["films"][-1]
     group_name = {g["id"]: g["name"] for g in data["groups"]}
     kill_attempts = [
@@ -338,7 +342,8 @@ def render_report(result: dict[str, Any]) -> str:
         for r in f.get("per_shot", []):
             stages = ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())
             lines.append(f"  shot {r['shot']:04d} ({r['s']} s, {'dubbed' if r['dubbed'] else 'copied'}, "
-                         f"{r['chunks']} chunk(s)): {r['wall_s']} s = {r['wall_s'] / max(r['s'], 1e-9):.2f} s/s; {stages}")  # fmt: skip
+                         f"{r['chunks']} chunk(s)): {r['wall_s']} s = {r['wall_s'] / max(r['s'], 1e-9):.2f} s/s; {stages}; "
+                         f"QC beside the next render {r.get('qc_s')} s")  # fmt: skip
         lines.append(f"group runs: {f['group_states']}")
         lines.append(f"kill shot's task runs: {f['kill_shot_task_runs']}; chunks resumed from its checkpoints: "
                      f"{f['kill_shot_chunks_resumed']}")  # fmt: skip

@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.deployments import run_deployment
+from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -69,7 +70,7 @@ from flows.report import group_report, publish_groups, reused_shots, shot_rows, 
 from flows.run_lock import hold_lock
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
-from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot
+from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
 from flows.workspace import (
     Workspace,
     mark_shot_failed,
@@ -115,10 +116,14 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     where = where_am_i()
     get_run_logger().info("%d shot(s) on %s", len(shots), where)
 
+    qcs = []  # the done shots' QC task runs, each beside the next shot's render
+
     def run_shot(shot: dict[str, Any]) -> BaseException | None:
         done = shot_done(workspace, shot["index"], shot["key"])
         state = dub_shot.with_options(refresh_cache=not done)(ws, film, shot, backends, return_state=True)
         if state.is_completed():
+            if (state.result() or {}).get("dubbed"):  # a copied-through shot has no QC
+                qcs.append(shot_qc.submit(ws, film, shot))
             return None
         error = state.result(raise_on_failure=False)
         return error if isinstance(error, BaseException) else RuntimeError(state.message or state.name)
@@ -131,6 +136,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     ):
         load = load_group(workspace, film, shots, backends)  # the model load, warmed at the planned sizes
         failed = render_group(workspace, shots, run_shot, prepare)  # the lock: this group is alive
+        wait(qcs)  # the last shot's QC (the others ran beside a render)
     if failed:
         first = next(iter(failed.items()))
         raise ShotsFailed(

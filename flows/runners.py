@@ -24,7 +24,7 @@ from prefect.futures import wait
 from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.runtime import where_am_i
-from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot
+from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot, shot_qc
 from flows.workspace import Workspace, log_group_load, mark_shot_failed, shot_done
 
 log = logging.getLogger(__name__)
@@ -112,23 +112,27 @@ class InlineRunner:
     ) -> dict[int, str]:
         backends = BackendSlot.for_config(film["config"])  # one backend for the whole film
         gate = BackendSlot.for_config(film["config"])  # the shot preparation's, one shot ahead
+        qc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shot-qc")  # one shot behind
 
         def run_shot(shot: dict[str, Any]) -> BaseException | None:
             try:
-                dub_shot.fn(ws.as_dict(), film, shot, backends)
+                result = dub_shot.fn(ws.as_dict(), film, shot, backends)
             except Exception as exc:  # keep going: every failed shot is reported
                 log.error("shot %04d failed: %s", shot["index"], failure_reason(exc))
                 return exc
+            if result.get("dubbed"):  # its QC beside the next shot's render
+                qc_pool.submit(shot_qc.fn, ws.as_dict(), film, shot)
             return None
 
         states = {}
-        for group in groups:
-            members = [shots[i] for i in group.shots]
-            load_group(ws, film, members, backends)  # warms only sizes the resident models are not warm for
-            prepare = functools.partial(prepare_one_shot, ws, film, backends=gate)
-            failed = render_group(ws, members, run_shot, prepare)
-            self.errors += [f"shot {i:04d}: {why}" for i, why in failed.items()]
-            states[group.index] = "Failed" if failed else "Completed"
+        with qc_pool:  # waits for the last QC
+            for group in groups:
+                members = [shots[i] for i in group.shots]
+                load_group(ws, film, members, backends)  # warms only sizes not warm yet
+                prepare = functools.partial(prepare_one_shot, ws, film, backends=gate)
+                failed = render_group(ws, members, run_shot, prepare)
+                self.errors += [f"shot {i:04d}: {why}" for i, why in failed.items()]
+                states[group.index] = "Failed" if failed else "Completed"
         return states
 
     def publish(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

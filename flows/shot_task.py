@@ -1,7 +1,8 @@
 """The per-shot unit: the `dub_shot` task (cached on workspace + shot + shot key, named after the shot's
 span), `render_one_shot` behind it (done/attempt markers around one `render_shot_result` call), the
-group's lazily built backend (`BackendSlot`), fault injection for tests (`debug.fail_shots`) and the
-shot's QC artifact.
+group's lazily built backend (`BackendSlot`), fault injection for tests (`debug.fail_shots`), and the
+shot's QC (`qc_one_shot`, the `shot_qc` task and its artifact): written after the shot is done, so a
+group writes it while its next shot renders instead of with the GPU idle.
 
 Holds nothing about groups, fan-out or the film sequence (`flows/runners.py`, `flows/dub_film.py`) and
 no media work of its own (`tasks/render/shot.py` renders).
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from flows.progress import ShotProgress, artifact_key, shot_run_name
@@ -25,11 +27,14 @@ from flows.runtime import run_logger, where_am_i
 from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
+from tasks.media.intermediates import read_marker, write_marker
 from tasks.render.backend import Backend, backend_warm_up, get_backend, planned_shot
-from tasks.render.shot import ShotJob, prepare_decision, render_shot_result
+from tasks.render.shot import ShotJob, prepare_decision, render_shot_result, write_job_qc
 from tasks.timeline.shot_key import shot_config
 
 log = logging.getLogger(__name__)
+
+QC_RECORD = "qc.json"  # in the shot's folder: its QC artefacts' paths and what writing them took
 
 
 class InjectedFault(RuntimeError):
@@ -176,7 +181,7 @@ def _render_unlocked(
     where = where_am_i()
     t0 = time.monotonic()
     try:
-        raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get())
+        raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get(), qc=False)
     except Exception as exc:
         log_attempt(ws, {"shot": index, "key": key, "status": "failed", "reason": failure_reason(exc), **where,
                          "seconds": round(time.monotonic() - t0, 3)})  # fmt: skip
@@ -208,9 +213,32 @@ def _shot_task_name() -> str:
     return shot_run_name(shot["index"], shot["start_s"], shot["end_s"])
 
 
-def _publish_qc(tag: str, result: dict[str, Any]) -> None:
-    """A markdown artifact linking the shot's QC preview and contact sheet, when the renderer made them."""
-    qc = result.get("qc") or {}
+def qc_one_shot(
+    ws: Workspace, film: dict[str, Any], shot: dict[str, Any]
+) -> tuple[dict[str, Any] | None, bool]:
+    """The QC artefacts of a done, dubbed shot (`qc.enabled`), written unless its QC record says they
+    are (their files still there): (the record or None, whether it was written now). Runs after the
+    shot's done marker, so a crash loses at most the QC, which the next run of the shot writes."""
+    index, key = shot["index"], shot["key"]
+    done = read_shot_done(ws, index, key)
+    job = shot_job(ws, film, shot)
+    qc_on = PipelineConfig.from_dict(job.config).qc.enabled
+    if done is None or not done["result"].get("dubbed") or not qc_on:
+        return None, False
+    if done["result"].get("qc"):  # written by the render itself
+        return done["result"]["qc"], False
+    path = ws.shot_dir(index, key) / QC_RECORD
+    kept = read_marker(path)
+    if kept is not None and all(Path(str(kept.get(k, ""))).is_file() for k in ("preview", "contact_sheet")):
+        return kept, False
+    t0 = time.monotonic()
+    record = {**write_job_qc(job), "seconds": round(time.monotonic() - t0, 3)}
+    write_marker(path, record)
+    return record, True
+
+
+def _publish_qc(tag: str, index: int, qc: dict[str, Any]) -> None:
+    """A markdown artifact linking the shot's QC preview and contact sheet."""
     links = [f"[{label}]({Path(qc[k]).resolve().as_uri()})" for k, label in
              (("preview", "preview"), ("contact_sheet", "contact sheet")) if qc.get(k)]  # fmt: skip
     if not links:
@@ -219,12 +247,33 @@ def _publish_qc(tag: str, result: dict[str, Any]) -> None:
 
     try:
         create_markdown_artifact(
-            f"shot {result['index']:04d}: " + " · ".join(links),
-            key=artifact_key(tag, "shot", f"{result['index']:04d}", "qc"),
-            description=f"QC of shot {result['index']:04d}",
+            f"shot {index:04d}: " + " · ".join(links),
+            key=artifact_key(tag, "shot", f"{index:04d}", "qc"),
+            description=f"QC of shot {index:04d}",
         )
     except Exception as exc:  # telemetry must not fail a rendered shot
-        log.warning("QC artifact of shot %04d: %s", result["index"], exc)
+        log.warning("QC artifact of shot %04d: %s", index, exc)
+
+
+def _qc_task_name() -> str:
+    return "qc-" + _shot_task_name().removeprefix("shot-")
+
+
+@task(task_run_name=_qc_task_name, cache_policy=NO_CACHE)
+def shot_qc(ws: dict[str, str], film: dict[str, Any], shot: dict[str, Any]) -> dict[str, Any] | None:
+    """A done shot's QC artefacts and their artifact (`qc_one_shot`); a group submits it after the shot
+    so that it runs beside the next one. A QC that fails is logged, never a failed shot."""
+    logger = run_logger(log)
+    try:
+        qc, fresh = qc_one_shot(Workspace.from_dict(ws), film, shot)
+    except Exception as exc:
+        logger.warning("shot %04d: QC not written: %s", shot["index"], failure_reason(exc))
+        return None
+    if qc is not None and fresh:
+        logger.info("shot %04d: QC in %.1f s", shot["index"], qc["seconds"])
+        if logger is not log:
+            _publish_qc(film["tag"], shot["index"], qc)
+    return qc
 
 
 @task(
@@ -252,9 +301,6 @@ def dub_shot(
             artifact_key(film["tag"], "shot", f"{shot['index']:04d}"),
             f"shot {shot['index']:04d} of {film['tag']}, {shot['chunks']} chunk(s)",
         )
-    result = render_one_shot(
+    return render_one_shot(
         workspace, film, shot, backends or BackendSlot.for_config(film["config"]), progress
     )
-    if logger is not log:
-        _publish_qc(film["tag"], result)
-    return result

@@ -12,7 +12,9 @@ hash are recorded (`"file"`) so every later use can verify it.
 "qc", "file"}`. With a gating backend (`prepare_shot`) the shot's dub decision is taken first and kept next
 to the chunk checkpoints; a shot the gate skips is copied through untouched (no model call). Every
 dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a contact sheet under
-`<work dir>/qc/`.
+`<work dir>/qc/`, written at the end of the render or, with `qc=False`, later by `write_job_qc` (a group
+writes them behind the next shot's render, off the GPU's path); the decision they draw is kept beside the
+intermediate (`kept_decision`).
 """
 
 from __future__ import annotations
@@ -241,6 +243,40 @@ def write_shot_qc(
     return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
 
 
+def decision_path(out: Path) -> Path:
+    """Where a rendered shot's dub decision is kept: beside its intermediate (`shot.decision.json`)."""
+    return out.with_name(out.stem + ".decision.json")
+
+
+def kept_decision(job: ShotJob) -> ShotDecision | None:
+    """The decision a rendered shot kept (`decision_path`), None without one (no gating backend) or
+    when it cannot be read (logged; QC then draws no face boxes)."""
+    path = decision_path(Path(job.out_path))
+    kept = read_marker(path)
+    if kept is None:
+        return None
+    try:
+        return ShotDecision.from_dict(kept)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        log.warning("%s: not a shot decision (%s): QC without face boxes", path, exc)
+        return None
+
+
+def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, str]:
+    """The QC artefacts of a rendered shot (`write_shot_qc`) from its job alone, after the render:
+    the source, the job's intermediate, its dub slice and its kept decision."""
+    job = ShotJob.from_dict(job) if isinstance(job, dict) else job
+    cfg = PipelineConfig.from_dict(job.config)
+    info, plan = VideoInfo.from_dict(job.video), ShotPlan.from_dict(job.plan)
+    track = DialogueTrack.from_dict(job.dialogue)
+    context = _context(job, info, track, cfg)
+    title = PREVIEW_LABEL if cfg.workspace.preview else None
+    return write_shot_qc(
+        info, plan, Path(job.out_path), context.work_dir / "qc", read_samples(track, *job.audio_range),
+        track.sample_rate, cfg.qc.height, title=title, decision=kept_decision(job),
+    )  # fmt: skip
+
+
 def _context(job: ShotJob, info: VideoInfo, track: DialogueTrack, cfg: PipelineConfig) -> ShotContext:
     """The film-level facts a gating backend sees for this shot (its run workspace, its stems)."""
     work_dir = Path(job.work_dir) if job.work_dir else run_dir(Path(job.out_path))
@@ -301,11 +337,13 @@ def render_shot_result(
     *,
     on_progress: Callable[[float], None] | None = None,
     backend: Any | None = None,
+    qc: bool = True,
 ) -> dict[str, Any]:
     """Render one shot to its lossless intermediate; return its JSON-ready `ShotResult` dict.
 
     `on_progress(fraction)` is called after every chunk (0 < fraction <= 1). `backend` overrides
-    the configured one (an already-built Backend instance, e.g. with a loaded model).
+    the configured one (an already-built Backend instance, e.g. with a loaded model). `qc=False` leaves
+    the QC artefacts to `write_job_qc` (the result's "qc" stays None).
     """
     t_start = time.perf_counter()
     timer = _Timer()
@@ -398,8 +436,10 @@ def render_shot_result(
     with timer("join"):
         _concat_copy(written, out, seg_dir)
         result["file"] = record_written(out, plan.num_frames)  # verified on every reuse (done marker)
+    if decision is not None:  # what QC draws, also when it is written later (`write_job_qc`)
+        write_marker(decision_path(out), decision.to_dict())
     shutil.rmtree(seg_dir, ignore_errors=True)
-    if result["dubbed"] and cfg.qc.enabled:
+    if result["dubbed"] and cfg.qc.enabled and qc:
         with timer("qc"):
             title = PREVIEW_LABEL if cfg.workspace.preview else None
             result["qc"] = write_shot_qc(
