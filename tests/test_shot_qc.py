@@ -122,8 +122,9 @@ def test_qc_task_runs_and_artifacts_in_the_group_run(tmp_path: Path):
         names = {r.name: r.state.name for r in runs}
         for i in DUBBED:
             key = artifact_key(film_tag(str(FILM)), "shot", f"{i:04d}", "qc")
-            (art,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-            assert Path(records[i]["preview"]).resolve().as_uri() in art.data
+            arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            uri = Path(records[i]["preview"]).resolve().as_uri()  # other tests' films share the key
+            assert any(uri in a.data for a in arts), [a.data for a in arts]
     qc_runs = {n[:7]: s for n, s in names.items() if n.startswith("qc-")}
     assert qc_runs == {f"qc-{i:04d}": "Completed" for i in DUBBED}, names  # the copied-through: none
     assert [i for i, r in records.items() if r is not None] == list(DUBBED)
