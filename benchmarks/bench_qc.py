@@ -1,4 +1,4 @@
-"""A dubbed shot's QC artefacts (`tasks.render.shot.write_shot_qc`: the side-by-side preview with the dub
+"""A dubbed shot's QC artefacts (`tasks.render.shot_qc.write_shot_qc`: the side-by-side preview with the dub
 audio and the contact sheet), which the GPU worker writes after the shot's last chunk while the GPU waits.
 The 1080p real talking head of `benchmarks/smoke_real.py` (7 s at 23.976 fps, as the film run's shots) and
 its lossless FFV1 intermediate stand for the source and the rendered shot. Prints the wall and the
@@ -26,7 +26,7 @@ from smoke_real import make_real_shot
 from tasks.config import load_config
 from tasks.media import ffmpeg
 from tasks.media.probe import probe
-from tasks.render.shot import write_shot_qc
+from tasks.render.shot_qc import write_shot_qc
 from tasks.timeline.plan import plan_shot
 from tasks.timeline.shots import Shot
 

@@ -169,7 +169,7 @@ def test_shot_qc_decodes_scaled_down_and_matches_the_full_size_picture(
     from tasks.media.probe import probe
     from tasks.picture.geometry import ModelGeometry
     from tasks.render.qc import fit_height
-    from tasks.render.shot import qc_geometry, write_shot_qc
+    from tasks.render.shot_qc import qc_geometry, write_shot_qc
     from tasks.timeline.plan import plan_shot
     from tasks.timeline.shots import Shot
     from tests.media import make_clip

@@ -21,15 +21,6 @@ from tests.test_infinitetalk import DUB, FILM, SHOTS
 DUBBED = (0, 2)  # shot 0: the speaker's face crop; shot 2: no face, forced (the full frame)
 
 
-@pytest.fixture(scope="module")
-def ws_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tasks.infinitetalk import ensure_tiny_root
-
-    root = tmp_path_factory.mktemp("ws")
-    ensure_tiny_root(root / ".cache")
-    return root
-
-
 @pytest.fixture
 def qc_log() -> Iterator[list[tuple[str, str]]]:
     """(thread name, message) of the shot module's log records."""
@@ -48,6 +39,15 @@ def qc_log() -> Iterator[list[tuple[str, str]]]:
     logger.setLevel(level)
 
 
+def _tiny_root(tmp_path: Path) -> Path:
+    """A workspace root whose .cache holds the tiny weights root."""
+    from tasks.infinitetalk import ensure_tiny_root
+
+    root = tmp_path / "ws"
+    ensure_tiny_root(root / ".cache")
+    return root
+
+
 def _config(ws_root: Path) -> dict:
     return {
         "backend": {"name": "infinitetalk"},
@@ -63,10 +63,11 @@ def _qc_records(ws_root: Path) -> dict[int, dict]:
 
 
 def test_qc_is_written_beside_the_next_render_and_again_after_a_lost_one(
-    tmp_path: Path, ws_root: Path, qc_log: list[tuple[str, str]]
+    tmp_path: Path, qc_log: list[tuple[str, str]]
 ):
     from flows.dub_film import dub_film_inline
 
+    ws_root = _tiny_root(tmp_path)
     dub_film_inline(str(FILM), str(DUB), str(tmp_path / "a.mp4"), config=_config(ws_root))
     ws = _workspace(ws_root)
     attempts = read_attempts(ws)
@@ -108,10 +109,8 @@ def test_qc_task_runs_and_artifacts_in_the_group_run(tmp_path: Path):
     from flows.dub_film import dub_film
     from flows.film_tasks import film_tag
     from flows.progress import artifact_key
-    from tasks.infinitetalk import ensure_tiny_root
 
-    root = tmp_path / "ws"
-    ensure_tiny_root(root / ".cache")
+    root = _tiny_root(tmp_path)
     state = dub_film(str(FILM), str(DUB), str(tmp_path / "out.mp4"), config=_config(root), return_state=True)
     assert state.is_completed(), state.message
     records = _qc_records(root)

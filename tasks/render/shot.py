@@ -14,17 +14,13 @@ to the chunk checkpoints; a shot the gate skips is copied through untouched (no 
 dubbed shot gets QC artefacts (`qc.enabled`): a side-by-side preview and a contact sheet under
 `<work dir>/qc/`, written at the end of the render or, with `qc=False`, later by `write_job_qc` (a group
 writes them behind the next shot's render, off the GPU's path); the decision they draw is kept beside the
-intermediate (`kept_decision`).
+intermediate (`tasks.render.shot_qc`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-import os
 import shutil
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile as sf
 import torch
 
 from tasks.config import PipelineConfig
@@ -55,14 +50,13 @@ from tasks.media.frames import (
     write_rendered,
 )
 from tasks.media.intermediates import clean_temps, read_marker, record_written, write_marker
-from tasks.media.probe import VideoInfo, probe
+from tasks.media.probe import VideoInfo
 from tasks.picture.color import match_and_blend
 from tasks.picture.geometry import ModelGeometry
 from tasks.render.backend import ChunkInput, ShotContext, get_backend
 from tasks.render.chunk_checkpoints import ChunkCheckpoints
 from tasks.render.overlap import dub_chunk_deferred, run_chunks
-from tasks.render.qc import QcConfig, write_qc
-from tasks.render.qc_overlay import speaker_overlay
+from tasks.render.shot_qc import decision_path, kept_decision, write_shot_qc
 from tasks.timeline.plan import ShotPlan, split_at
 
 log = logging.getLogger(__name__)
@@ -178,90 +172,6 @@ def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
             w.write(frame)
 
 
-def qc_geometry(info: VideoInfo, display_height: int) -> tuple[int | None, ModelGeometry, float]:
-    """The coded width QC decodes at (None: the full size), the geometry from those frames to display
-    orientation and square pixels, and the display scale, so that QC's frames come out about
-    `display_height` tall (pure)."""
-    g = ModelGeometry.for_video(info, "480")  # display orientation only (the bucket is not used)
-    disp_h, disp_w = g.display_hw
-    width = math.ceil(info.width * display_height / disp_h)
-    width += width % 2
-    if width >= info.width:
-        return None, g, 1.0
-    height = max(2, round(info.height * width / info.width / 2) * 2)  # as iter_frames scales
-    fx, fy = width / info.width, height / info.height
-    rotated = info.rotation in (90, 270)
-    hw = (max(2, round(disp_h * (fx if rotated else fy))), max(2, round(disp_w * (fy if rotated else fx))))
-    return width, dataclasses.replace(g, coded_hw=(height, width), display_hw=hw), hw[0] / disp_h
-
-
-def write_shot_qc(
-    info: VideoInfo,
-    plan: ShotPlan,
-    rendered: Path,
-    qc_dir: Path,
-    shot_audio: np.ndarray,
-    sample_rate: int,
-    height: int,
-    title: str | None = None,
-    decision: ShotDecision | None = None,
-) -> dict[str, str]:
-    """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
-    (`title`: a banner on both, e.g. for a preview pass). Both are decoded already scaled down by ffmpeg
-    to the largest height QC draws (`qc_geometry`): a 1080p shot's frames would cross the pipes at
-    ~25x the bytes, serially after the render on the GPU host."""
-
-    stem = f"shot_{plan.shot_index:04d}"
-    dubbed = probe(rendered, frame_count="packets")
-    qc = QcConfig(height=height, fps=float(info.fps), title=title)
-    width, geometry, scale = qc_geometry(info, max(qc.height, qc.thumb_height))
-    overlay = speaker_overlay(decision, scale) if decision is not None else None
-    qc_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp.wav", dir=qc_dir)  # scratch, removed below
-    os.close(fd)
-    wav = Path(name)
-    try:
-        # 0.2 s of silence after the shot's audio: the preview is cut to the shorter stream (`-shortest`),
-        # and a dub slice ending before the picture (a track shorter than the shot) cut the picture
-        tail = np.zeros((sample_rate // 5, *shot_audio.shape[1:]), shot_audio.dtype)
-        sf.write(str(wav), np.concatenate([shot_audio, tail]), sample_rate, subtype="FLOAT", format="WAV")
-        result = write_qc(
-            (
-                geometry.to_display(f)
-                for f in iter_frames(info, plan.start_frame, plan.end_frame, width=width)
-            ),
-            (geometry.to_display(f) for f in iter_frames(dubbed, 0, plan.num_frames, width=width)),
-            qc_dir,
-            stem,
-            qc,
-            num_frames=plan.num_frames,
-            audio=wav,
-            overlay=overlay,
-        )
-    finally:
-        wav.unlink(missing_ok=True)
-    return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
-
-
-def decision_path(out: Path) -> Path:
-    """Where a rendered shot's dub decision is kept: beside its intermediate (`shot.decision.json`)."""
-    return out.with_name(out.stem + ".decision.json")
-
-
-def kept_decision(job: ShotJob) -> ShotDecision | None:
-    """The decision a rendered shot kept (`decision_path`), None without one (no gating backend) or
-    when it cannot be read (logged; QC then draws no face boxes)."""
-    path = decision_path(Path(job.out_path))
-    kept = read_marker(path)
-    if kept is None:
-        return None
-    try:
-        return ShotDecision.from_dict(kept)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        log.warning("%s: not a shot decision (%s): QC without face boxes", path, exc)
-        return None
-
-
 def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, str]:
     """The QC artefacts of a rendered shot (`write_shot_qc`) from its job alone, after the render:
     the source, the job's intermediate, its dub slice and its kept decision."""
@@ -273,7 +183,7 @@ def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, str]:
     title = PREVIEW_LABEL if cfg.workspace.preview else None
     return write_shot_qc(
         info, plan, Path(job.out_path), context.work_dir / "qc", read_samples(track, *job.audio_range),
-        track.sample_rate, cfg.qc.height, title=title, decision=kept_decision(job),
+        track.sample_rate, cfg.qc.height, title=title, decision=kept_decision(Path(job.out_path)),
     )  # fmt: skip
 
 
@@ -441,11 +351,7 @@ def render_shot_result(
     shutil.rmtree(seg_dir, ignore_errors=True)
     if result["dubbed"] and cfg.qc.enabled and qc:
         with timer("qc"):
-            title = PREVIEW_LABEL if cfg.workspace.preview else None
-            result["qc"] = write_shot_qc(
-                info, plan, out, context.work_dir / "qc", shot_audio, track.sample_rate, cfg.qc.height,
-                title=title, decision=decision,
-            )  # fmt: skip
+            result["qc"] = write_job_qc(job)  # the same QC a group writes behind the next render
     timer.totals["total"] = time.perf_counter() - t_start
     result["timings_s"] = timer.rounded()
     log.info("shot %04d: %d frames -> %s (%s)", plan.shot_index, plan.num_frames, out, result["reason"])
