@@ -10,17 +10,25 @@ STAMP := $(VENV)/.dubflow-installed
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),dev$(comma)team$(comma)cuda,dev$(comma)team)
 comma := ,
 
-.PHONY: setup demo demo-local test lint clean
+.PHONY: setup demo demo-local test lint clean lock
 
 setup: $(STAMP)
 
 # torch is pinned first so the range in pyproject.toml never pulls another build:
 # on CI / CPU boxes pip takes the local CPU wheel, on a GPU host PyPI's CUDA build.
-$(STAMP): pyproject.toml
+# scripts/constraints.txt holds every other package at the version the suite last passed with (`make lock`).
+CONSTRAINTS := scripts/constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+# Re-lock scripts/constraints.txt to the venv's packages after a deliberate upgrade (keeps its header comment;
+# torch, triton and nvidia-* stay out: the Makefile pins torch, a GPU host takes its CUDA build).
+lock: setup
+	{ grep '^#' $(CONSTRAINTS); $(BIN)/pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-)[=-]'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # A second ffmpeg build for tests/test_ffmpeg_builds.py: imageio-ffmpeg 0.6.0's static ffmpeg 7.0.2, the one
 # the GPU host's bundle carries (scripts/device_bundle.py). Without PyPI the test skips.
