@@ -23,7 +23,11 @@ from another phase (40 frames into the reversed clip), seed 4 talking from frame
 reaction shot's lone face is this one: a face saying *other words* under the voice, not backwards lips)
 and seed 2 talking from frame 5 (the third face of the three; seed 2 is a listener in no other set).  The
 thresholds were tuned on ``tune`` only; ``held_out`` was looked at while the learned route was built, so
-only ``held_out_2`` is unseen.  `judge` scores a decision's regions against the truth.
+only ``held_out_2`` is unseen.  ``held_out_3`` (voice seed 5, answer seed 2 from its frame 10, listeners
+seed 2 backwards from frame 20 or talking from frame 20, the reaction's lone face talking, third face seed 4)
+and ``held_out_4`` (voice seed 1, answer seed 3, listeners seed 3 backwards from frame 60 or talking from
+frame 40, the reaction's lone face mouthing backwards, third face seed 5) were composed later, before the
+rules they test were changed.  `judge` scores a decision's regions against the truth.
 """
 
 from __future__ import annotations
@@ -180,6 +184,9 @@ SETS = {
     "tune": Material(2, 1, 3),
     "held_out": Material(4, 5, 1),
     "held_out_2": Material(3, 4, 2, b_phase=40, b_start=30, answer_start=30, reaction_talks=True),
+    # composed 2026-12-02 before that day's rule changes, each run once with the rules before and once after
+    "held_out_3": Material(5, 2, 4, b_phase=20, b_start=20, answer_start=10, reaction_talks=True),
+    "held_out_4": Material(1, 3, 5, b_phase=60, b_start=40, answer_start=0),
 }
 
 
