@@ -27,7 +27,9 @@ only ``held_out_2`` is unseen.  ``held_out_3`` (voice seed 5, answer seed 2 from
 seed 2 backwards from frame 20 or talking from frame 20, the reaction's lone face talking, third face seed 4)
 and ``held_out_4`` (voice seed 1, answer seed 3, listeners seed 3 backwards from frame 60 or talking from
 frame 40, the reaction's lone face mouthing backwards, third face seed 5) were composed later, before the
-rules they test were changed.  `judge` scores a decision's regions against the truth.
+rules they test were changed; ``held_out_5`` (voice seed 4, answer seed 1 from its frame 40, listeners
+seed 1 backwards from frame 70 or talking from frame 45, the reaction's lone face talking, third face
+seed 3) with them, and run only once the rules were settled.  `judge` scores a decision's regions against the truth.
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ SETS = {
     # composed 2026-12-02 before that day's rule changes, each run once with the rules before and once after
     "held_out_3": Material(5, 2, 4, b_phase=20, b_start=20, answer_start=10, reaction_talks=True),
     "held_out_4": Material(1, 3, 5, b_phase=60, b_start=40, answer_start=0),
+    # composed with them, run only once, after the rules were settled
+    "held_out_5": Material(4, 1, 3, b_phase=70, b_start=45, answer_start=40, reaction_talks=True),
 }
 
 
@@ -207,9 +211,21 @@ class Verdict:
     why: str
 
 
+def _pauses(audio: np.ndarray, n: int) -> np.ndarray:
+    """(n,) frames in a pause of the case's voice of at least 0.5 s (VAD segments padded by 0.1 s): there
+    is nothing to dub, so passing the source through ("none") is as right as the speaker's face."""
+    segs = segments(speech_probs(audio), VadSettings(0.5, 0.25, 0.5, 0.1), len(audio) / SR)
+    t = (np.arange(n) + 0.5) / FPS
+    spoken = np.zeros(n, bool)
+    for s0, s1 in segs:
+        spoken |= (t >= s0) & (t < s1)
+    return ~spoken
+
+
 def judge(case: AvCase, turns: list[tuple[int, int, int | None, str]], tolerance: int = 5) -> Verdict:
     """The gate's speaker turns [(start, end, face index or None, status)] (covering the shot) against the
-    truth.  "right": every true turn is >= 90 % covered by confident turns of its face ("none" for nobody)
+    truth.  "right": every true turn is >= 90 % covered by confident turns of its face ("none" for nobody;
+    in the speaker's own pauses of 0.5 s or more, "none" is as right as the face)
     and at most ``tolerance`` frames are confidently given to anything else; "wrong": more than that
     (a wrong face dubbed as the speaker, or a speaker's line judged nobody's); else "uncertain" (the
     turns the shot table marks uncertain)."""
@@ -221,8 +237,12 @@ def judge(case: AvCase, turns: list[tuple[int, int, int | None, str]], tolerance
     for a, b, k, status in turns:
         if status != "uncertain":
             sure[a:b] = -2 if k is None else k
-    wrong = int(((sure != -1) & (sure != truth)).sum())
-    covered = [float((sure[a:b] == (-2 if k is None else k)).mean()) for a, b, k in case.truth]
+    pause = _pauses(case.audio, n) & (truth >= 0)  # a speaker's pause: their face or nobody, both right
+    wrong = int(((sure != -1) & (sure != truth) & ~(pause & (sure == -2))).sum())
+    covered = [
+        float(((sure[a:b] == (-2 if k is None else k)) | (pause[a:b] & (sure[a:b] == -2))).mean())
+        for a, b, k in case.truth
+    ]
     onsets = []
     for (a, b, k), on in zip([t for t in case.truth if t[2] is not None], case.onsets, strict=True):
         hit = np.flatnonzero(sure[a:b] == k)
