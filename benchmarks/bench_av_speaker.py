@@ -40,7 +40,9 @@ def main() -> None:
         "--sizes", default="", help="instead: the small-face wide shot at these face heights (px)"
     )
     ap.add_argument(
-        "--splits", default="tune,held_out", help="comma-separated sets (held_out_2: once, rules settled)"
+        "--splits",
+        default="tune,held_out",
+        help="comma-separated sets (held_out_2..5: see tests/av_cases.py)",
     )
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)

@@ -13,7 +13,7 @@ from flows.report import speaker_columns
 from model.light_asd import load_light_asd
 from tasks.config import load_config
 from tasks.perception.asd import PAD_GREY, FaceCrops, asd_scores, clock, crop_face
-from tasks.perception.asd_speaker import AsdSettings, find_asd_speakers, fuse_asd
+from tasks.perception.asd_speaker import AsdSettings, SyncEvidence, find_asd_speakers, fuse_asd
 from tasks.perception.face_analysis import ShotFaces, TrackInfo, analyse_frames
 from tasks.perception.faces import FaceDetector
 from tasks.perception.speaker import SpeakerSegment, SpeakerSettings
@@ -22,7 +22,9 @@ from tests.speaker_cases import SR, cases, seed_audio, seed_frames
 
 FPS = 25.0
 SETTINGS = SpeakerSettings(0.145, 0.05, 0.6, 0.2, 3.0, 0.135)
-ASD = AsdSettings(on=0.0, band=0.5, margin=1.0, scale=2.0, switch_penalty=3.0, min_s=0.6, sync_min=0.15)
+ASD = AsdSettings(
+    on=0.0, band=0.5, margin=1.0, scale=2.0, switch_penalty=3.0, min_s=0.6, sync_min=0.15, sync_sure=0.55
+)
 
 
 def test_the_crop_is_the_face_box_square_and_grey_outside_the_frame():
@@ -114,6 +116,41 @@ def test_fusion_settles_uncertain_agreement_and_never_overrules_none():
     assert fuse_asd(same, [SpeakerSegment(0, 100, "uncertain", 1, 0.2, 0)], 100) == same
     (out,) = fuse_asd(same, [SpeakerSegment(0, 100, "none", None, 0.6)], 100)  # sure nobody on screen says it
     assert (out.status, out.speaker) == ("uncertain", 0)
+
+
+def test_a_lone_face_needs_a_strong_lead_to_be_a_confident_speaker():
+    """A reaction shot's lone face talking other words under an off-screen voice scores as speaking, with a
+    weak lead: with no other face to rank it against, only `sync_sure` makes it confident."""
+    (seg,) = _decide([2.5], [0.4])
+    assert (seg.status, seg.speaker) == ("uncertain", 0)
+    (seg,) = _decide([2.5], [0.8])
+    assert (seg.status, seg.speaker) == ("speaker", 0)
+    (seg,) = _decide([2.5, -2.0], [0.4, 0.0])  # beside another face the usual bar holds
+    assert (seg.status, seg.speaker) == ("speaker", 0)
+
+
+def test_fusion_with_leads_turns_contradicted_verdicts_uncertain():
+    """With the sync leads: agreement's "none" gives way where the network names a face leading by
+    `sync_sure`; a confident agreement speaker is uncertain where the network's best is another face in sync."""
+    n = 100
+    lead = np.zeros((2, n))
+    none = [SpeakerSegment(0, n, "none", None, 0.6)]
+    learned = [SpeakerSegment(0, n, "speaker", 1, 0.9)]
+    sync = SyncEvidence(lead, ASD, FPS)
+    lead[1] = 0.3
+    assert fuse_asd(none, learned, n, sync) == none  # a weak lead: agreement's none stays
+    lead[1] = 0.8
+    (out,) = fuse_asd(none, learned, n, sync)
+    assert (out.status, out.speaker) == ("uncertain", 1)
+    sure = [SpeakerSegment(0, n, "speaker", 0, 0.7)]
+    doubt = [SpeakerSegment(0, n, "uncertain", 1, 0.2, 0)]
+    lead[1] = 0.0
+    assert fuse_asd(sure, doubt, n, sync) == sure  # the network's other face is not in sync
+    lead[1] = 0.3
+    (out,) = fuse_asd(sure, doubt, n, sync)
+    assert (out.status, out.speaker, out.runner_up) == ("uncertain", 0, 1)
+    blip = [SpeakerSegment(0, 90, "speaker", 0, 0.9), SpeakerSegment(90, 100, "uncertain", 1, 0.2, 0)]
+    assert fuse_asd(sure, blip, n, sync) == sure  # 0.4 s of doubt: shorter than min_s, no contradiction
 
 
 def test_the_asd_score_survives_the_record_and_shows_in_the_sheet_and_the_table():

@@ -11,7 +11,8 @@ none above it = "none" (voice-over, a reaction shot); two above it close togethe
 ``min_s`` (a short line after a pause) is a speaker only when it continues the previous speaker; and a
 speaker whose lips do not go better with their own moment of the audio than with others (mean sync lead,
 `tasks.perception.asd.sync_lead`, below ``sync_min``: lips that move during speech without following it,
-a lone face mouthing along) is only "uncertain".
+a lone face mouthing along) is only "uncertain"; so is a face alone on screen leading by less than
+``sync_sure`` (a close-up and a reaction shot under an off-screen voice look alike to the network).
 `fuse_asd` then joins the two verdicts frame by frame: the network settles what agreement left
 uncertain, contradicts (-> uncertain) a confident agreement speaker when it is sure of another face or
 of nobody or cannot confirm that face on its own (uncertain about it with no rival: weak sync lead, a
@@ -52,6 +53,10 @@ class AsdSettings:
     sync_min: (
         float  # a speaker's mean sync lead (score lost by moving the audio) must reach this, else uncertain
     )
+    sync_sure: (
+        float  # a lone face's speaker segment needs this lead, else uncertain; with it a face overrules
+    )
+    # agreement's "none" (-> uncertain)
 
 
 def find_asd_speakers(
@@ -80,6 +85,8 @@ def find_asd_speakers(
     steps_sc = step_means(sc, step, n_steps)
     steps_lead = step_means(lead.astype(np.float64), step, n_steps) if n_tracks else steps_sc
     steps_speech = np.array([speech[s * step : (s + 1) * step].mean() >= 0.5 for s in range(n_steps)])
+    shown = ~np.isnan(step_means(face_change.astype(np.float64), step, n_steps)) if n_tracks else steps_sc > 0
+    lone = shown & (shown.sum(axis=0) == 1)  # (n_tracks, n_steps): the only face on screen at that step
     evidence = np.zeros((n_tracks + 1, n_steps))  # state 0: nobody on screen
     with np.errstate(invalid="ignore"):
         evidence[1:] = np.clip(steps_sc - asd_settings.on, -4.0, 4.0)
@@ -96,6 +103,10 @@ def find_asd_speakers(
         if seg.status == "speaker" and seg.speaker is not None:
             synced = row_means(steps_lead[seg.speaker : seg.speaker + 1, s0:s1])[0]
             if not synced >= asd_settings.sync_min:  # moving lips that do not follow the speech
+                seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
+            elif lone[seg.speaker, s0:s1].all() and not synced >= asd_settings.sync_sure:
+                # the only face on screen (a close-up, or a reaction shot under an off-screen voice): no other
+                # face to rank it against, so only a strong lead tells its own line from other words
                 seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
         if f1 - f0 < least and seg.status != "none":  # a short line: only as the previous speaker going on
             prev = out[-1] if out else None
@@ -145,14 +156,45 @@ def _unconfirmed(b: SpeakerSegment | None, k: int | None) -> bool:
     return b is not None and b.status == "uncertain" and b.speaker == k and b.runner_up is None
 
 
+@dataclass(frozen=True)
+class SyncEvidence:
+    """What the fusion's lead rules read: the sync leads (n_tracks, T) of `asd_scores`, the thresholds and
+    the clock (a learned segment shorter than ``settings.min_s`` never overrules agreement)."""
+
+    lead: np.ndarray
+    settings: AsdSettings
+    fps: float
+
+    def leads(self, learned: list[SpeakerSegment]) -> dict[int, float]:
+        """{id(segment): mean lead of the face it names over its frames} for the segments long enough to
+        count (NaN where unscored)."""
+        least = round(self.settings.min_s * self.fps)
+        out: dict[int, float] = {}
+        for seg in learned:
+            if seg.speaker is None or seg.end_frame - seg.start_frame < least:
+                continue
+            row = np.asarray(self.lead[seg.speaker, seg.start_frame : seg.end_frame], np.float64)
+            out[id(seg)] = float(np.nanmean(row)) if np.isfinite(row).any() else float("nan")
+        return out
+
+
 def fuse_asd(
-    agreed: list[SpeakerSegment], learned: list[SpeakerSegment], n_frames: int
+    agreed: list[SpeakerSegment],
+    learned: list[SpeakerSegment],
+    n_frames: int,
+    sync: SyncEvidence | None = None,
 ) -> list[SpeakerSegment]:
     """Frame by frame, the agreement route's segments (``agreed``: `refine_with_agreement`) joined with the
     learned ones (``learned``: `find_asd_speakers`), then runs of one verdict as segments (score: the mean
     of the chosen verdicts' scores).  Agreement uncertain + learned speaker -> the learned speaker; a
     confident agreement speaker stays unless the learned route is sure of another face (-> uncertain, both
-    named) or of nobody (-> uncertain); agreement "none" stays."""
+    named) or of nobody (-> uncertain), or cannot confirm it.  With the sync leads (``sync``), over learned
+    segments of at least ``min_s``: a confident agreement speaker whose learned segment names another face
+    leading by at least ``sync_min`` is uncertain (both named), and agreement "none" gives way to "uncertain"
+    where the learned route names a face leading by ``sync_sure`` (agreement's correlations are weak, the
+    network's lead is the stronger sync evidence); else agreement "none" stays."""
+    leads = sync.leads(learned) if sync is not None else {}
+    settings = sync.settings if sync is not None else None
 
     def frames(segs: list[SpeakerSegment]) -> list[SpeakerSegment | None]:
         out: list[SpeakerSegment | None] = [None] * n_frames
@@ -178,6 +220,24 @@ def fuse_asd(
             pick, scores[t] = ("uncertain", a.speaker, None), 0.5 * a.score
         elif a.status == "speaker" and _unconfirmed(b, a.speaker):  # its lips not shown to follow the audio
             pick, scores[t] = ("uncertain", a.speaker, None), 0.5 * min(a.score, b.score)
+        elif (
+            settings is not None
+            and a.status == "speaker"
+            and b is not None
+            and b.status == "uncertain"
+            and b.speaker not in (None, a.speaker)
+            and leads.get(id(b), np.nan) >= settings.sync_min
+        ):  # the network's best is another face, in sync with the speech: agreement may have the listener
+            pick, scores[t] = ("uncertain", a.speaker, b.speaker), 0.5 * min(a.score, b.score)
+        elif (
+            settings is not None
+            and a.status == "none"
+            and b is not None
+            and b.status != "none"
+            and b.speaker is not None
+            and leads.get(id(b), np.nan) >= settings.sync_sure
+        ):  # a face clearly in sync where agreement heard nobody on screen
+            pick, scores[t] = ("uncertain", b.speaker, None), 0.5 * b.score
         else:
             pick, scores[t] = (a.status, a.speaker, a.runner_up), a.score
         verdicts.append(pick)
@@ -194,4 +254,4 @@ def fuse_asd(
     return out
 
 
-__all__ = ["AsdSettings", "find_asd_speakers", "fuse_asd"]
+__all__ = ["AsdSettings", "SyncEvidence", "find_asd_speakers", "fuse_asd"]

@@ -31,7 +31,7 @@ from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
 from tasks.perception.asd import FaceCrops, asd_scores
-from tasks.perception.asd_speaker import AsdSettings, find_asd_speakers, fuse_asd
+from tasks.perception.asd_speaker import AsdSettings, SyncEvidence, find_asd_speakers, fuse_asd
 from tasks.perception.av_sync import SyncSettings, agreement, mouth_motion, speech_envelope
 from tasks.perception.faces import FaceDetector
 from tasks.perception.lips import MouthMeter, mouth_activity
@@ -69,7 +69,7 @@ def av_settings(cfg: SpeakerConfig) -> AvSettings:
 def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
     return AsdSettings(
         cfg.asd_on, cfg.asd_band, cfg.asd_margin, cfg.asd_scale, cfg.asd_switch_penalty, cfg.asd_min_s,
-        cfg.asd_sync_min,
+        cfg.asd_sync_min, cfg.asd_sync_sure,
     )  # fmt: skip
 
 
@@ -321,7 +321,7 @@ def analyse_frames(
             got = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
             scores[ids], lead[ids] = got
         learned = find_asd_speakers(scores, lead, change, speech_prob, fps, settings, asd_settings(cfg))
-        segments = fuse_asd(segments, learned, n_frames)
+        segments = fuse_asd(segments, learned, n_frames, SyncEvidence(lead, asd_settings(cfg), fps))
         asd_rows = tuple(
             tuple(
                 None if np.isnan(r[s : s + step]).all() else round(float(np.nanmean(r[s : s + step])), 2)

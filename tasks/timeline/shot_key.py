@@ -41,8 +41,9 @@ from typing import Any
 
 from tasks.media.audio import DialogueTrack, read_samples
 
-RENDER_VERSION = 4  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
+RENDER_VERSION = 5  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
 # 3: RetinaFace replaces YuNet (other face boxes, so other crops); speaker switches split the chunk plan
+# 5: the learned route's sync-lead rules (a lone face, contradicted verdicts) change who some shots dub
 
 # Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault
 # injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
