@@ -145,12 +145,16 @@ def test_agreement_survives_the_record_and_shows_in_the_sheet_and_the_table():
 
 
 CFG = load_config()
-CASES = av_cases()
+CASES = av_cases(("tune", "held_out", "held_out_2", "held_out_3"))
 RIGHT = [
     "tune/moving_listener", "tune/reaction", "held_out/moving_listener", "held_out/two_moving",
     "held_out/out_of_sync",
 ]  # fmt: skip
 NOT_WRONG = ["tune/two_moving", "tune/turn_taking", "held_out/turn_taking", "held_out/three_faces"]
+# confidently wrong before the sync-lead rules of tasks/perception/asd_speaker.py: the other talking face
+# (the network's best is the speaker, in sync), the reaction's lone face talking other words (a weak lead),
+# the speaker's last 1.2 s judged nobody's (both faces' agreement low, the network's lead +0.57)
+NOT_WRONG += ["held_out_2/two_moving", "held_out_2/reaction", "held_out_3/two_moving"]
 
 
 @pytest.fixture(scope="module")
