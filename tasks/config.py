@@ -256,9 +256,7 @@ class SpeakerConfig:
     asd_switch_penalty: float  # evidence (steps x score units) a speaker change must win by
     asd_min_s: float  # a shorter speaker segment counts only as the previous speaker going on, else uncertain
     asd_sync_min: float  # a speaker's mean sync lead (tasks.perception.asd.sync_lead) must reach this
-    asd_sync_sure: (
-        float  # ... a lone face's must reach this; a face leading by this overrules agreement's none
-    )
+    asd_sync_sure: float  # ... a lone face's this; a face leading by this overrules agreement's "none"
     asd_max_faces: int  # tracks scored per shot at most (the most active mouths): bounds the cost
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain

@@ -53,10 +53,7 @@ class AsdSettings:
     sync_min: (
         float  # a speaker's mean sync lead (score lost by moving the audio) must reach this, else uncertain
     )
-    sync_sure: (
-        float  # a lone face's speaker segment needs this lead, else uncertain; with it a face overrules
-    )
-    # agreement's "none" (-> uncertain)
+    sync_sure: float  # a lone face's speaker needs this lead (else uncertain); it overrules agreement's none
 
 
 def find_asd_speakers(
@@ -85,7 +82,11 @@ def find_asd_speakers(
     steps_sc = step_means(sc, step, n_steps)
     steps_lead = step_means(lead.astype(np.float64), step, n_steps) if n_tracks else steps_sc
     steps_speech = np.array([speech[s * step : (s + 1) * step].mean() >= 0.5 for s in range(n_steps)])
-    shown = ~np.isnan(step_means(face_change.astype(np.float64), step, n_steps)) if n_tracks else steps_sc > 0
+    shown = (  # (n_tracks, n_steps): the face is on screen at that step
+        ~np.isnan(step_means(face_change.astype(np.float64), step, n_steps))
+        if n_tracks
+        else np.zeros((0, n_steps), bool)
+    )
     lone = shown & (shown.sum(axis=0) == 1)  # (n_tracks, n_steps): the only face on screen at that step
     evidence = np.zeros((n_tracks + 1, n_steps))  # state 0: nobody on screen
     with np.errstate(invalid="ignore"):
