@@ -10,7 +10,7 @@ true turn in frames (first dubbed frame minus the frame its speech starts; <= 0 
 error of the turn-taking case, plus the analysis's CPU-s per video-s of each case.  `--set KEY=VALUE`
 overrides the config.  CPU only, a few minutes.  Must not be imported by the pipeline.
 
-    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--splits tune,held_out,held_out_2] [--only NAME] [--sizes 80,120,...] [--set speaker.KEY=VALUE ...]
+    PYTHONPATH=. python benchmarks/bench_av_speaker.py [--splits tune,held_out,held_out_2] [--only NAME] [--sizes 80,120,...] [--close-ups 0,20] [--set speaker.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
-from tests.av_cases import SETS, av_cases, judge, small_face
+from tests.av_cases import SETS, av_cases, close_up, judge, small_face
 from tests.speaker_cases import FPS, SR, encode
 
 
@@ -43,6 +43,11 @@ def main() -> None:
         "--splits",
         default="tune,held_out",
         help="comma-separated sets (held_out_2..5: see tests/av_cases.py)",
+    )
+    ap.add_argument(
+        "--close-ups",
+        default="",
+        help="instead: each seed alone with its own voice, from these frames (0,20)",
     )
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
@@ -59,6 +64,12 @@ def main() -> None:
                 f"{sp}/small_face_{p}px": small_face(sp, SETS[sp].a, SETS[sp].b, p, SETS[sp].b_phase)
                 for p in px
                 for sp in splits
+            }
+        if args.close_ups:  # each seed alone on screen with its own voice, from these frames
+            todo = {
+                f"close_up/{i}@{f}": close_up(i, int(f))
+                for f in args.close_ups.split(",")
+                for i in range(1, 6)
             }
         for name, case in todo.items():
             if args.only not in name:

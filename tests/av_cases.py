@@ -182,6 +182,22 @@ def small_face(split: str, a: int, b: int, face_px: int, b_phase: int = 0) -> Av
     )
 
 
+def close_up(i: int, start: int = 0) -> AvCase:
+    """Seed i alone on screen saying its own line from frame ``start`` (a close-up: the case the reaction
+    shot looks like, with the voice on screen)."""
+    on = next((f - start for f in _speech_starts(i) if 0 <= f - start < 10), 0)
+    onset = (0,) if on < 3 else (on,)
+    return _case(
+        f"close_up_{i}",
+        "close_up",
+        [talking(i, N, start)],
+        (360, 640),
+        _voice(i, N, start),
+        ((0, N, 0),),
+        onset,
+    )
+
+
 SETS = {
     "tune": Material(2, 1, 3),
     "held_out": Material(4, 5, 1),
@@ -267,6 +283,7 @@ __all__ = [
     "Verdict",
     "av_cases",
     "backwards",
+    "close_up",
     "canvas",
     "judge",
     "small_face",
