@@ -29,7 +29,8 @@ and ``held_out_4`` (voice seed 1, answer seed 3, listeners seed 3 backwards from
 frame 40, the reaction's lone face mouthing backwards, third face seed 5) were composed later, before the
 rules they test were changed; ``held_out_5`` (voice seed 4, answer seed 1 from its frame 40, listeners
 seed 1 backwards from frame 70 or talking from frame 45, the reaction's lone face talking, third face
-seed 3) with them, and run only once the rules were settled.  `judge` scores a decision's regions against the truth.
+seed 3) with them, and run only once the rules were settled.  `judge` scores a decision's regions against
+the truth.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def _speech_starts(i: int) -> tuple[int, ...]:
     a = seed_audio(i)
     segs = segments(speech_probs(a), VadSettings(0.5, 0.25, 0.1, 0.0), len(a) / SR)
     return tuple(int(np.floor(s0 / (1 / FPS))) for s0, _ in segs if s0 > HOP_S) or (0,)
+
+
+def _onset(i: int, start: int = 0) -> tuple[int]:
+    """The truth's onset of seed i's line played from frame ``start``: where its speech starts within the
+    first 10 frames, else frame 0 (talking from the first frame; 0-2 count as 0)."""
+    on = next((f - start for f in _speech_starts(i) if 0 <= f - start < 10), 0)
+    return (0,) if on < 3 else (on,)
 
 
 def talking(i: int, n: int, start: int = 0) -> np.ndarray:
@@ -134,8 +142,7 @@ def _set(split: str, m: Material) -> list[AvCase]:
     """The seven cases of one set."""
     a, b, c = m.a, m.b, m.c
     two, three = (360, 640), (360, 900)
-    on_a = _speech_starts(a)[0] if _speech_starts(a)[0] < 10 else 0
-    onset = (0,) if on_a < 3 else (on_a,)
+    onset = _onset(a)
     out = [
         _case(
             "moving_listener", split, [talking(a, N), backwards(b, N, m.b_phase)], two, _voice(a, N),
@@ -173,8 +180,7 @@ def _set(split: str, m: Material) -> list[AvCase]:
 
 def small_face(split: str, a: int, b: int, face_px: int, b_phase: int = 0) -> AvCase:
     """A 1920x1080 wide shot: speaker ``a`` beside listener ``b`` (mouthing backwards), faces ``face_px`` tall."""
-    on_a = _speech_starts(a)[0]
-    onset = (0,) if on_a < 3 or on_a >= 10 else (on_a,)
+    onset = _onset(a)
     scale = [face_px / FACE_H[a], face_px / FACE_H[b]]
     clips = [talking(a, N), backwards(b, N, b_phase)]
     return _case(
@@ -185,17 +191,8 @@ def small_face(split: str, a: int, b: int, face_px: int, b_phase: int = 0) -> Av
 def close_up(i: int, start: int = 0) -> AvCase:
     """Seed i alone on screen saying its own line from frame ``start`` (a close-up: the case the reaction
     shot looks like, with the voice on screen)."""
-    on = next((f - start for f in _speech_starts(i) if 0 <= f - start < 10), 0)
-    onset = (0,) if on < 3 else (on,)
-    return _case(
-        f"close_up_{i}",
-        "close_up",
-        [talking(i, N, start)],
-        (360, 640),
-        _voice(i, N, start),
-        ((0, N, 0),),
-        onset,
-    )
+    clip, voice = [talking(i, N, start)], _voice(i, N, start)
+    return _case(f"close_up_{i}", "close_up", clip, (360, 640), voice, ((0, N, 0),), _onset(i, start))
 
 
 SETS = {
