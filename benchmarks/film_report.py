@@ -13,7 +13,9 @@ those. Definitions (also in benchmarks/README.md):
 * H200-s per second of dubbed dialogue = (GPU seconds - model loads) / seconds of the shots the run dubbed
   (it includes what the kill cost: the lost chunk, the second group process's start); per second of film
   likewise over the film's length; both also with the loads; and over the Completed shot task runs alone
-  (no group lead-in, no gaps, no lost chunk: what an uninterrupted group would come to);
+  (no group lead-in, no gaps, no lost chunk); and "uninterrupted": those shot task runs plus the gaps
+  between shots and every group run's lead-in and tail, i.e. the run less its loads and less the work the
+  kill threw away (the killed attempt of its shot): what the film costs a worker that is not killed;
 * GPU idle between shots = the gaps between consecutive shot task runs inside a group run / (GPU seconds -
   model loads); the group's lead-in (process start, imports, flow load) and tail are stated apart;
   NVML utilisation (sampled by the driver every 0.1 s) is reported over the same windows when available;
@@ -216,6 +218,8 @@ def figures(data: dict[str, Any], manifest: dict[str, Any], result: dict[str, An
         "gpu_s_per_dialogue_s": round(work_s / dubbed_s, 2) if dubbed_s else None,
         "gpu_s_per_dialogue_s_with_loads": round(gpu_s / dubbed_s, 2) if dubbed_s else None,
         "gpu_s_per_dialogue_s_shot_tasks": round(shots_s / dubbed_s, 2) if dubbed_s else None,
+        "gpu_s_per_dialogue_s_uninterrupted": round((shots_s + gaps + leads + tails) / dubbed_s, 2)
+        if dubbed_s else None,
         "gpu_s_per_film_s": round(work_s / manifest["film_s"], 2),
         "gpu_s_per_film_s_with_loads": round(gpu_s / manifest["film_s"], 2),
         "idle_between_shots_s": round(gaps, 2),
@@ -332,7 +336,8 @@ def render_report(result: dict[str, Any]) -> str:
             f"({f['model_load_s']} s)",
             f"GPU-s per second of dubbed dialogue {f['gpu_s_per_dialogue_s']} without loads "
             f"({f['gpu_s_per_dialogue_s_with_loads']} with; {f['gpu_s_per_dialogue_s_shot_tasks']} over the Completed "
-            f"shot task runs alone); per second of film {f['gpu_s_per_film_s']} "
+            f"shot task runs alone; {f.get('gpu_s_per_dialogue_s_uninterrupted')} uninterrupted: those runs with the "
+            f"gaps, lead-ins and tails, without the kill's lost work); per second of film {f['gpu_s_per_film_s']} "
             f"({f['gpu_s_per_film_s_with_loads']})",
             f"idle between shots {f['idle_between_shots_s']} s = {f['idle_between_shots_pct']} % of GPU time "
             f"without loads; group lead-in {f['group_lead_in_s']} s, tail {f['group_tail_s']} s; NVML idle "
