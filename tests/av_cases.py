@@ -29,7 +29,9 @@ and ``held_out_4`` (voice seed 1, answer seed 3, listeners seed 3 backwards from
 frame 40, the reaction's lone face mouthing backwards, third face seed 5) were composed later, before the
 rules they test were changed; ``held_out_5`` (voice seed 4, answer seed 1 from its frame 40, listeners
 seed 1 backwards from frame 70 or talking from frame 45, the reaction's lone face talking, third face
-seed 3) with them, and run only once the rules were settled.  `judge` scores a decision's regions against
+seed 3) with them, and run only once the rules were settled.  ``held_out_6`` to ``held_out_8`` are made of
+four new people (seeds 6-9: voices seed 6, 8 and 9, answers seeds 9, 7 and 6), composed before they were
+ever run and run once, with the rules unchanged.  `judge` scores a decision's regions against
 the truth.
 """
 
@@ -47,7 +49,7 @@ from tests.speaker_cases import FPS, SR, seed_audio, seed_frames
 
 N = 120  # frames of a case (4.8 s)
 BG = 60
-FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153}  # RetinaFace box height of each seed at 256 px
+FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122}  # RetinaFace box height of each seed at 256 px
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,11 @@ SETS = {
     "held_out_4": Material(1, 3, 5, b_phase=60, b_start=40, answer_start=0),
     # composed with them, run only once, after the rules were settled
     "held_out_5": Material(4, 1, 3, b_phase=70, b_start=45, answer_start=40, reaction_talks=True),
+    # composed 2026-12-03 from four new people (seeds 6-9, never looked at before), run once with the rules
+    # as they stood; seed 7's speech starts at its frame 20, so it is never the opening voice
+    "held_out_6": Material(6, 9, 7, b_phase=30, b_start=25, answer_start=20, reaction_talks=True),
+    "held_out_7": Material(8, 7, 9, b_phase=50, b_start=30, answer_start=20),
+    "held_out_8": Material(9, 6, 8, b_phase=10, b_start=10, answer_start=0, reaction_talks=True),
 }
 
 
