@@ -49,7 +49,8 @@ from tests.speaker_cases import FPS, SR, seed_audio, seed_frames
 
 N = 120  # frames of a case (4.8 s)
 BG = 60
-FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122}  # RetinaFace box height of each seed at 256 px
+# RetinaFace box height of each seed at 256 px
+FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122}
 
 
 @dataclass(frozen=True)
