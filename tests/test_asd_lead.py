@@ -12,7 +12,7 @@ import pytest
 from model.light_asd import load_light_asd
 from tasks.config import load_config
 from tasks.perception.asd import FaceCrops, asd_scores
-from tasks.perception.face_analysis import analyse_frames
+from tasks.perception.face_analysis import analyse_frames, scored_tracks, speaker_settings
 from tasks.perception.faces import FaceDetector
 from tests.av_cases import backwards, canvas, talking
 from tests.speaker_cases import SR, seed_audio, seed_frames
@@ -26,23 +26,37 @@ def net():
     return load_light_asd()
 
 
-def _lead(net, face_seed: int, voice_seed: int, n: int = 100) -> float:
-    """Mean sync lead of seed ``face_seed``'s talking face under seed ``voice_seed``'s voice."""
-    frames = seed_frames(face_seed)[:n]
+def _leads(net, frames: np.ndarray, voice: np.ndarray) -> np.ndarray:
+    """Per-frame sync lead of the one face in ``frames`` under ``voice`` (samples at SR)."""
+    n = len(frames)
     box = np.array(FaceDetector(0.6, 10)(frames[0])[0].box)
     crops = FaceCrops(n, FPS)
     for t, f in enumerate(frames):
         crops.feed(t, f, {0: (np.zeros((5, 2)), box)})
     m = n * SR // 25
-    voice = np.pad(seed_audio(voice_seed), (0, m))[:m]
-    _, lead = asd_scores(net, crops, [0], voice, SR)
-    return float(np.mean(lead))
+    _, lead = asd_scores(net, crops, [0], np.pad(voice, (0, m))[:m], SR)
+    return lead[0]
+
+
+def _lead(net, face_seed: int, voice_seed: int, n: int = 100) -> float:
+    """Mean sync lead of seed ``face_seed``'s talking face under seed ``voice_seed``'s voice."""
+    return float(np.mean(_leads(net, seed_frames(face_seed)[:n], seed_audio(voice_seed))))
 
 
 @pytest.mark.parametrize(("face", "other"), [(2, 4), (4, 2), (3, 5)])
 def test_a_face_leads_with_its_own_voice_and_not_under_another_persons_words(net, face, other):
     own, foreign = _lead(net, face, face), _lead(net, face, other)
     assert own >= CFG.asd_sync_min > foreign, (own, foreign)  # the line the decision draws
+
+
+def test_the_cap_scores_the_best_agreeing_faces_first_then_the_most_active():
+    act = np.array([[0.9, 0.9], [0.1, 0.1], [0.5, 0.5]])  # (tracks, frames) mouth activity
+    change = np.ones((3, 2))  # every face moves: none is a still picture
+    agree = np.array([[0.0, 0.1], [0.4, 0.3], [np.nan, np.nan]])  # (tracks, steps); track 2 never scored
+    settings = speaker_settings(CFG)
+    assert scored_tracks(act, change, np.ones(2), settings, 2, agree) == [0, 1]
+    assert scored_tracks(act, change, np.ones(2), settings, 1, agree) == [1]  # agreement before activity
+    assert scored_tracks(act, change, np.ones(2), settings, 1) == [0]  # no agreement: activity
 
 
 def test_a_crowd_is_scored_only_up_to_asd_max_faces_the_most_active_mouths_first():
