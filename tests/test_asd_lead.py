@@ -11,11 +11,13 @@ import pytest
 
 from model.light_asd import load_light_asd
 from tasks.config import load_config
+from tasks.decision.shot_decision import decide_shot
+from tasks.media.probe import probe
 from tasks.perception.asd import FaceCrops, asd_scores
 from tasks.perception.face_analysis import analyse_frames, scored_tracks, speaker_settings
 from tasks.perception.faces import FaceDetector
-from tests.av_cases import backwards, canvas, talking
-from tests.speaker_cases import SR, seed_audio, seed_frames
+from tests.av_cases import av_cases, backwards, canvas, talking
+from tests.speaker_cases import SR, encode, seed_audio, seed_frames
 
 FPS = 25.0
 CFG = load_config().speaker
@@ -52,11 +54,28 @@ def test_a_face_leads_with_its_own_voice_and_not_under_another_persons_words(net
 def test_the_cap_scores_the_best_agreeing_faces_first_then_the_most_active():
     act = np.array([[0.9, 0.9], [0.1, 0.1], [0.5, 0.5]])  # (tracks, frames) mouth activity
     change = np.ones((3, 2))  # every face moves: none is a still picture
-    agree = np.array([[0.0, 0.1], [0.4, 0.3], [np.nan, np.nan]])  # (tracks, steps); track 2 never scored
+    agree = np.array([[0.0, 0.1], [0.4, 0.3], [np.nan, np.nan]])  # (tracks, steps); track 2: none measured
     settings = speaker_settings(CFG)
     assert scored_tracks(act, change, np.ones(2), settings, 2, agree) == [0, 1]
     assert scored_tracks(act, change, np.ones(2), settings, 1, agree) == [1]  # agreement before activity
     assert scored_tracks(act, change, np.ones(2), settings, 1) == [0]  # no agreement: activity
+
+
+def test_in_a_three_face_shot_the_speaker_is_among_the_scored_faces(tmp_path):
+    """`held_out_7/three_faces` through the shot decision: the middle face speaks, both listeners' mouths move
+    more than its (one mouths backwards, one talks other words); ranked by activity the speaker was left
+    out and a listener dubbed, ranked by agreement it is scored and named."""
+    case = av_cases(("held_out_7",))["held_out_7/three_faces"]
+    info = probe(encode(tmp_path / "c.mp4", case.frames, case.audio))
+    d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, load_config())
+    scored = [
+        case.who(d.faces.track(k).boxes[0])
+        for k, row in enumerate(d.faces.asd)
+        if any(v is not None for v in row)
+    ]
+    assert 1 in scored, scored
+    named = {case.who(d.faces.track(s.speaker).boxes[0]) for s in d.faces.segments if s.status == "speaker"}
+    assert named <= {1}, named  # never a listener confidently
 
 
 def test_a_crowd_is_scored_only_up_to_asd_max_faces_the_most_active_mouths_first():
