@@ -31,7 +31,9 @@ rules they test were changed; ``held_out_5`` (voice seed 4, answer seed 1 from i
 seed 1 backwards from frame 70 or talking from frame 45, the reaction's lone face talking, third face
 seed 3) with them, and run only once the rules were settled.  ``held_out_6`` to ``held_out_8`` are made of
 four new people (seeds 6-9: voices seed 6, 8 and 9, answers seeds 9, 7 and 6), composed before they were
-ever run and run once, with the rules unchanged.  `judge` scores a decision's regions against
+ever run and run once with the rules unchanged (their three-face cases again after the face cap changed);
+``held_out_9`` and ``held_out_10`` of three more (seeds 10-12, not committed), composed after that change
+and run once.  `judge` scores a decision's regions against
 the truth.
 """
 

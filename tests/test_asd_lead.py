@@ -28,21 +28,17 @@ def net():
     return load_light_asd()
 
 
-def _leads(net, frames: np.ndarray, voice: np.ndarray) -> np.ndarray:
-    """Per-frame sync lead of the one face in ``frames`` under ``voice`` (samples at SR)."""
-    n = len(frames)
+def _lead(net, face_seed: int, voice_seed: int, n: int = 100) -> float:
+    """Mean sync lead of seed ``face_seed``'s talking face under seed ``voice_seed``'s voice."""
+    frames = seed_frames(face_seed)[:n]
     box = np.array(FaceDetector(0.6, 10)(frames[0])[0].box)
     crops = FaceCrops(n, FPS)
     for t, f in enumerate(frames):
         crops.feed(t, f, {0: (np.zeros((5, 2)), box)})
     m = n * SR // 25
-    _, lead = asd_scores(net, crops, [0], np.pad(voice, (0, m))[:m], SR)
-    return lead[0]
-
-
-def _lead(net, face_seed: int, voice_seed: int, n: int = 100) -> float:
-    """Mean sync lead of seed ``face_seed``'s talking face under seed ``voice_seed``'s voice."""
-    return float(np.mean(_leads(net, seed_frames(face_seed)[:n], seed_audio(voice_seed))))
+    voice = np.pad(seed_audio(voice_seed), (0, m))[:m]
+    _, lead = asd_scores(net, crops, [0], voice, SR)
+    return float(np.mean(lead))
 
 
 @pytest.mark.parametrize(("face", "other"), [(2, 4), (4, 2), (3, 5)])
