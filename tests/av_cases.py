@@ -52,7 +52,10 @@ from tests.speaker_cases import FPS, SR, seed_audio, seed_frames
 N = 120  # frames of a case (4.8 s)
 BG = 60
 # RetinaFace box height of each seed at 256 px
-FACE_H = {1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163}
+FACE_H = {
+    1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
+    13: 155, 14: 148, 15: 132,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,11 @@ SETS = {
     # broadcast footage, tests/data/README.md says where to cut them), run once
     "held_out_9": Material(10, 12, 11, b_phase=40, b_start=20, answer_start=8, reaction_talks=True),
     "held_out_10": Material(11, 10, 12, b_phase=20, b_start=35, answer_start=0),
+    # composed 2026-12-03 after the switch-doubt rule (asd_speaker.doubt_unconfirmed_switches), from three more
+    # people (seeds 13-15, not committed: footage of unclear licence, tests/data/README.md), run once
+    "held_out_11": Material(13, 14, 15, b_phase=25, b_start=15, answer_start=10, reaction_talks=True),
+    "held_out_12": Material(14, 15, 13, b_phase=45, b_start=30, answer_start=0),
+    "held_out_13": Material(15, 13, 14, b_phase=60, b_start=20, answer_start=20, reaction_talks=True),
 }
 
 
