@@ -33,7 +33,8 @@ seed 3) with them, and run only once the rules were settled.  ``held_out_6`` to 
 four new people (seeds 6-9: voices seed 6, 8 and 9, answers seeds 9, 7 and 6), composed before they were
 ever run and run once with the rules unchanged (their three-face cases again after the face cap changed);
 ``held_out_9`` and ``held_out_10`` of three more (seeds 10-12, not committed), composed after that change
-and run once.  `judge` scores a decision's regions against
+and run once; ``held_out_11`` to ``held_out_13`` of three more again (seeds 13-15, not committed), composed
+after the fusion's switch rules and run once.  `judge` scores a decision's regions against
 the truth.
 """
 
