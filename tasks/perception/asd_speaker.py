@@ -286,9 +286,9 @@ def doubt_unconfirmed_switches(
     fused: list[SpeakerSegment], agreed: list[SpeakerSegment], reach: int
 ) -> list[SpeakerSegment]:
     """Confident speaker segments that hand the floor to another face's confident segment less than ``reach``
-    frames away are "uncertain" unless agreement itself named their face: the network's context (the sync
-    lead's swaps, its recurrent chunks) carries a turn that far into its neighbour, so near a change of
-    speaker its verdict alone may be the other turn's (the held-out turn-taking case gave the answer's face
+    frames away are "uncertain" unless agreement itself named their face: the sync lead's swapped pairs
+    carry a turn's evidence that far into its neighbour (the recurrent chunks, of up to 6 s, further still),
+    so near a change of speaker the network's verdict alone may be the other turn's (the held-out turn-taking case gave the answer's face
     1.5 s of the first line; a moving listener took 1.8 s from a speaker whose lips follow the voice weakly,
     the network then naming the speaker for the rest of the shot)."""
     sure = [i for i, s in enumerate(fused) if s.status == "speaker" and s.speaker is not None]
@@ -303,4 +303,4 @@ def doubt_unconfirmed_switches(
     ]
 
 
-__all__ = ["AsdSettings", "SyncEvidence", "find_asd_speakers", "fuse_asd"]
+__all__ = ["AsdSettings", "SyncEvidence", "doubt_unconfirmed_switches", "find_asd_speakers", "fuse_asd"]
