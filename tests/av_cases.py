@@ -43,12 +43,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
 
+from tasks.config import PipelineConfig
+from tasks.decision.gate import speaker_turns
+from tasks.decision.shot_decision import decide_shot
+from tasks.media.probe import probe
+from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.vad import HOP_S, VadSettings, segments, speech_probs
-from tests.speaker_cases import FPS, SR, seed_audio, seed_frames
+from tests.speaker_cases import FPS, SR, encode, seed_audio, seed_frames
 
 N = 120  # frames of a case (4.8 s)
 BG = 60
@@ -309,3 +315,15 @@ __all__ = [
     "small_face",
     "talking",
 ]
+
+
+def judged_decision(case: AvCase, cfg: PipelineConfig, path: Path) -> tuple[ShotFaces, Verdict]:
+    """``case`` encoded to ``path`` as a film, decided as one shot (`decide_shot`) and its gate's speaker turns
+    judged against the truth."""
+    info = probe(encode(path, case.frames, case.audio))
+    faces = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg).faces
+    turns = [
+        (t.start, t.end, None if t.track is None else case.who(faces.track(t.track).boxes[0]), t.status)
+        for t in speaker_turns(faces, cfg.speaker.uncertain, cfg.speaker.min_score)
+    ]
+    return faces, judge(case, turns)

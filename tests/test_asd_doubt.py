@@ -7,13 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tasks.config import load_config
-from tasks.decision.gate import speaker_turns
-from tasks.decision.shot_decision import decide_shot
-from tasks.media.probe import probe
 from tasks.perception.asd_speaker import doubt_unconfirmed_switches
 from tasks.perception.speaker import SpeakerSegment
-from tests.av_cases import av_cases, judge
-from tests.speaker_cases import SR, encode
+from tests.av_cases import av_cases, judged_decision
 
 
 @pytest.mark.parametrize(
@@ -25,16 +21,9 @@ from tests.speaker_cases import SR, encode
     ],
 )
 def test_the_cases_the_fusion_got_confidently_wrong_are_not_any_more(tmp_path, name):
-    cfg = load_config()
     case = av_cases((name.split("/")[0],))[name]
-    info = probe(encode(tmp_path / "c.mp4", case.frames, case.audio))
-    shot = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg).faces
-    turns = [
-        (t.start, t.end, None if t.track is None else case.who(shot.track(t.track).boxes[0]), t.status)
-        for t in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
-    ]
-    verdict = judge(case, turns)
-    assert verdict.result != "wrong", (verdict.why, turns)
+    faces, verdict = judged_decision(case, load_config(), tmp_path / "c.mp4")
+    assert verdict.result != "wrong", (verdict.why, faces.segments)
 
 
 def _seg(a: int, b: int, status: str, who: int | None) -> SpeakerSegment:

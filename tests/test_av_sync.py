@@ -12,15 +12,12 @@ import soundfile as sf
 
 from flows.report import speaker_columns
 from tasks.config import load_config
-from tasks.decision.gate import speaker_turns
-from tasks.decision.shot_decision import decide_shot
-from tasks.media.probe import probe
 from tasks.perception.av_sync import SyncSettings, agreement, best_lag, mouth_motion, speech_envelope, windows
 from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tasks.perception.speaker import AvSettings, SpeakerSegment, SpeakerSettings, refine_with_agreement
 from tasks.render.qc_overlay import SpeakerOverlay
-from tests.av_cases import av_cases, judge
-from tests.speaker_cases import SR, encode
+from tests.av_cases import av_cases, judged_decision
+from tests.speaker_cases import SR
 
 FPS = 25.0
 SYNC = SyncSettings(lag_s=0.3, window_s=3.0, margin_s=0.1, min_window_s=2.5)
@@ -163,14 +160,8 @@ def judged(tmp_path_factory):
     out = {}
     for name in [*RIGHT, *NOT_WRONG, "held_out/reaction"]:
         case = CASES[name]
-        info = probe(encode(root / f"{name.replace('/', '_')}.mp4", case.frames, case.audio))
-        d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, CFG)
-        faces = d.faces
-        turns = [
-            (t.start, t.end, None if t.track is None else case.who(faces.track(t.track).boxes[0]), t.status)
-            for t in speaker_turns(faces, CFG.speaker.uncertain, CFG.speaker.min_score)
-        ]
-        out[name] = (case, faces, judge(case, turns))
+        faces, verdict = judged_decision(case, CFG, root / f"{name.replace('/', '_')}.mp4")
+        out[name] = (case, faces, verdict)
     return out
 
 
