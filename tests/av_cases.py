@@ -34,7 +34,9 @@ four new people (seeds 6-9: voices seed 6, 8 and 9, answers seeds 9, 7 and 6), c
 ever run and run once with the rules unchanged (their three-face cases again after the face cap changed);
 ``held_out_9`` and ``held_out_10`` of three more (seeds 10-12, not committed), composed after that change
 and run once; ``held_out_11`` to ``held_out_13`` of three more again (seeds 13-15, not committed), composed
-after the fusion's switch rules and run once.  `judge` scores a decision's regions against
+after the fusion's switch rules and run once; ``held_out_14`` to ``held_out_17`` of four more (seeds 16-19, not
+committed), composed with the rules of ``held_out_11`` unchanged, each of them the voice of one set, and run once.
+`judge` scores a decision's regions against
 the truth.
 """
 
@@ -61,7 +63,7 @@ BG = 60
 # RetinaFace box height of each seed at 256 px
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
-    13: 155, 14: 148, 15: 132,
+    13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177,
 }  # fmt: skip
 
 
@@ -233,6 +235,12 @@ SETS = {
     "held_out_11": Material(13, 14, 15, b_phase=25, b_start=15, answer_start=10, reaction_talks=True),
     "held_out_12": Material(14, 15, 13, b_phase=45, b_start=30, answer_start=0),
     "held_out_13": Material(15, 13, 14, b_phase=60, b_start=20, answer_start=20, reaction_talks=True),
+    # composed 2026-12-03 with the rules of held_out_11..13 unchanged, from four more people (seeds 16-19, not
+    # committed: broadcast and film footage, tests/data/README.md), each the voice of one set, run once
+    "held_out_14": Material(16, 17, 18, b_phase=30, b_start=25, answer_start=0, reaction_talks=True),
+    "held_out_15": Material(17, 19, 16, b_phase=55, b_start=15, answer_start=12),
+    "held_out_16": Material(18, 16, 19, b_phase=15, b_start=30, answer_start=5, reaction_talks=True),
+    "held_out_17": Material(19, 18, 17, b_phase=40, b_start=20, answer_start=20),
 }
 
 
