@@ -269,7 +269,10 @@ def fuse_asd(
         if v is not None:
             out.append(SpeakerSegment(t, e, v[0], v[1], round(float(np.mean(scores[t:e])), 3), v[2]))
         t = e
-    return out if sync is None else doubt_unconfirmed_switches(out, agreed, round(REACH_S * sync.fps))
+    if sync is None:
+        return out
+    out = doubt_unconfirmed_switches(out, agreed, round(REACH_S * sync.fps))
+    return doubt_contradicted_shot(out, agreed, learned, round(sync.settings.min_s * sync.fps), sync)
 
 
 def _confirmed(seg: SpeakerSegment, agreed: list[SpeakerSegment]) -> bool:
@@ -303,4 +306,65 @@ def doubt_unconfirmed_switches(
     ]
 
 
-__all__ = ["AsdSettings", "SyncEvidence", "doubt_unconfirmed_switches", "find_asd_speakers", "fuse_asd"]
+def contradicted_frames(
+    agreed: list[SpeakerSegment],
+    learned: list[SpeakerSegment],
+    n_frames: int,
+    in_sync: dict[int, float] | None = None,
+    sync_min: float = 0.0,
+) -> int:
+    """Frames on which one route is sure of a face while the other names a different one: the two measures of
+    lip-audio fit disagree about whose lips carry the line.  A learned segment that is only a guess counts
+    where its face is in sync with the speech (``in_sync``: `SyncEvidence.leads`, at least ``sync_min``), as
+    in `fuse_asd`; without ``in_sync`` every guess counts."""
+    count = 0
+    for seg in agreed:
+        for other in learned:
+            if None in (seg.speaker, other.speaker) or seg.speaker == other.speaker:
+                continue
+            if "speaker" not in (seg.status, other.status):
+                continue
+            guess = other.status != "speaker"
+            if guess and in_sync is not None and not in_sync.get(id(other), np.nan) >= sync_min:
+                continue
+            f0, f1 = max(seg.start_frame, other.start_frame), min(seg.end_frame, other.end_frame, n_frames)
+            count += max(0, f1 - f0)
+    return count
+
+
+def doubt_contradicted_shot(
+    fused: list[SpeakerSegment],
+    agreed: list[SpeakerSegment],
+    learned: list[SpeakerSegment],
+    least: int,
+    sync: SyncEvidence | None = None,
+) -> list[SpeakerSegment]:
+    """Every confident segment of a shot is "uncertain" when, for ``least`` frames or more anywhere in it, one
+    route is sure of a face and the other names another.  Both routes measure how well a face's lips fit the
+    rhythm of the speech; a listener who talks or mouths along fits it by chance for a line or two, and where
+    that fools one route in one line it can fool both in the next (the held-out two talking faces: agreement
+    took the speaker for her first line and the listener for the rest, the network took the listener for the
+    middle line, the fused verdict named the listener with confidence; the held-out turn-taking case:
+    agreement gave the first line to the answer's face, whose later line the network was sure of while
+    agreement preferred the other face there).  So a contradiction is a shot for review, not a vote."""
+    ends = [s.end_frame for s in fused]
+    in_sync, sync_min = (None, 0.0) if sync is None else (sync.leads(learned), sync.settings.sync_min)
+    if not ends or contradicted_frames(agreed, learned, max(ends), in_sync, sync_min) < least:
+        return fused
+    return [
+        dataclasses.replace(s, status="uncertain", score=round(0.5 * s.score, 3))
+        if s.status == "speaker"
+        else s
+        for s in fused
+    ]
+
+
+__all__ = [
+    "AsdSettings",
+    "SyncEvidence",
+    "contradicted_frames",
+    "doubt_contradicted_shot",
+    "doubt_unconfirmed_switches",
+    "find_asd_speakers",
+    "fuse_asd",
+]
