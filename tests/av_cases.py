@@ -35,7 +35,9 @@ ever run and run once with the rules unchanged (their three-face cases again aft
 ``held_out_9`` and ``held_out_10`` of three more (seeds 10-12, not committed), composed after that change
 and run once; ``held_out_11`` to ``held_out_13`` of three more again (seeds 13-15, not committed), composed
 after the fusion's switch rules and run once; ``held_out_14`` to ``held_out_17`` of four more (seeds 16-19, not
-committed), composed with the rules of ``held_out_11`` unchanged, each of them the voice of one set, and run once.
+committed), composed with the rules of ``held_out_11`` unchanged, each of them the voice of one set, and run once;
+``held_out_18`` to ``held_out_21`` of four more (seeds 20-23, not committed), composed after the shot rule
+(`tasks.perception.asd_speaker.doubt_contradicted_shot`) and run once.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -63,7 +65,7 @@ BG = 60
 # RetinaFace box height of each seed at 256 px
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
-    13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177,
+    13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177, 20: 137, 21: 173, 22: 184, 23: 190,
 }  # fmt: skip
 
 
@@ -241,6 +243,13 @@ SETS = {
     "held_out_15": Material(17, 19, 16, b_phase=55, b_start=15, answer_start=12),
     "held_out_16": Material(18, 16, 19, b_phase=15, b_start=30, answer_start=5, reaction_talks=True),
     "held_out_17": Material(19, 18, 17, b_phase=40, b_start=20, answer_start=20),
+    # composed 2026-12-06 after the shot rule (asd_speaker.doubt_contradicted_shot), from four more people (seeds
+    # 20-23, not committed: tests/data/README.md), run once; seed 21's speech starts at its frame 23, so it is
+    # never the opening voice (seed 20 is the voice of two sets, with other listeners)
+    "held_out_18": Material(20, 21, 22, b_phase=35, b_start=20, answer_start=20, reaction_talks=True),
+    "held_out_19": Material(22, 23, 20, b_phase=15, b_start=30, answer_start=30),
+    "held_out_20": Material(23, 20, 21, b_phase=50, b_start=10, answer_start=50, reaction_talks=True),
+    "held_out_21": Material(20, 22, 23, b_phase=25, b_start=40, answer_start=16),
 }
 
 
