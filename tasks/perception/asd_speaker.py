@@ -22,7 +22,9 @@ following the speech: the network scores a listener's parted lips under a voice-
 it names a face clearly in sync, or one whose line it gives that face elsewhere (-> uncertain).  Near a
 change of speaker only two routes agreeing are sure: a confident segment that neighbours another face's
 within the network's reach (``REACH_S``) is uncertain unless agreement named its face
-(`doubt_unconfirmed_switches`).
+(`doubt_unconfirmed_switches`).  And a shot in which the two routes contradict each other for a line or more (one
+sure of a face, the other naming another in sync) has no confident segment at all (`doubt_contradicted_shot`):
+both measure rhythm, and a listener whose lips fit it by chance in one line can fool both in the next.
 Pure numpy on per-frame rows (no media, no models).
 """
 
@@ -204,7 +206,7 @@ def fuse_asd(
     where the learned route names a face leading by ``sync_sure`` or inside a learned speaker segment whose
     face the fusion names the speaker elsewhere in it (one line is not nobody's in part: the held-out
     speaker whose lips follow her voice weakly was "nobody" for its first 1.2 s), else it stays; then
-    `doubt_unconfirmed_switches`."""
+    `doubt_unconfirmed_switches` and `doubt_contradicted_shot` (a contradiction of ``min_s`` or more)."""
     leads = sync.leads(learned) if sync is not None else {}
     settings = sync.settings if sync is not None else None
 
