@@ -84,6 +84,14 @@ def test_a_shot_whose_routes_contradict_each_other_is_for_review(routes):
     assert out and all(s.status != "speaker" for s in out), out
 
 
+def test_a_learned_guess_contradicts_only_where_its_face_is_in_sync():
+    agreed, learned = TWO_MOVING  # its contradiction is the network's guess of track 1 over agreement's 0-30
+    in_sync = {id(s): 0.8 for s in learned}
+    assert contradicted_frames(agreed, learned, 120, in_sync, 0.2) == 30
+    out_of_sync = {id(s): 0.0 for s in learned}
+    assert contradicted_frames(agreed, learned, 120, out_of_sync, 0.2) == 0
+
+
 def test_routes_that_agree_or_only_doubt_keep_the_shot():
     agreed = _segs([(0, 50, "speaker", 0, 0.8, None), (60, 120, "uncertain", 1, 0.2, 0)])
     learned = _segs([(0, 50, "speaker", 0, 0.9, None), (60, 120, "speaker", 1, 0.9, None)])
