@@ -258,6 +258,10 @@ class SpeakerConfig:
     asd_sync_min: float  # a speaker's mean sync lead (tasks.perception.asd.sync_lead) must reach this
     asd_sync_sure: float  # ... a lone face's this; a face leading by this overrules agreement's "none"
     asd_max_faces: int  # tracks scored per shot at most (the most active mouths): bounds the cost
+    # one face, one voice (tasks.perception.voices, model.voice_id): a face's confident lines in two voices
+    # (GE2E cosine below this) are uncertain; 0 = off
+    voice_min_cos: float
+    voice_min_s: float  # lines shorter than this are not compared
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float

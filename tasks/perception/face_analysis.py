@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from tasks.perception.speaker import (
 )
 from tasks.perception.tracks import Tracker, appearance
 from tasks.perception.vad import RATE, StreamingVad, at_frames
+from tasks.perception.voices import doubt_two_voices
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,16 @@ def scored_tracks(
     return sorted(order[:most])
 
 
+def _voice_of(samples: np.ndarray, fps: float) -> Callable[[int, int], np.ndarray]:
+    """voice_of(start_frame, end_frame): the GE2E embedding of the shot's audio (mono at RATE) over those frames."""
+    from model.voice_id import RATE as VOICE_RATE
+    from model.voice_id import embed, load_voice_encoder  # torch: only where a face has confident lines
+
+    assert VOICE_RATE == RATE, "the dialogue is decoded at the voice encoder's rate"
+    encoder = load_voice_encoder()
+    return lambda f0, f1: embed(encoder, samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)])
+
+
 def analyse_frames(
     frames: Iterable[np.ndarray],
     n_frames: int,
@@ -339,6 +350,14 @@ def analyse_frames(
                 for s in range(0, n_frames, step)
             )
             for r in scores
+        )
+    if audio is not None and cfg.voice_min_cos > 0 and any(s.status == "speaker" for s in segments):
+        segments = doubt_two_voices(
+            segments,
+            _voice_of(np.asarray(audio, np.float32), fps),
+            cfg.voice_min_cos,
+            round(cfg.voice_min_s * fps),
+            fps,
         )
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
