@@ -37,7 +37,9 @@ and run once; ``held_out_11`` to ``held_out_13`` of three more again (seeds 13-1
 after the fusion's switch rules and run once; ``held_out_14`` to ``held_out_17`` of four more (seeds 16-19, not
 committed), composed with the rules of ``held_out_11`` unchanged, each of them the voice of one set, and run once;
 ``held_out_18`` to ``held_out_21`` of four more (seeds 20-23, not committed), composed after the shot rule
-(`tasks.perception.asd_speaker.doubt_contradicted_shot`) and run once.
+(`tasks.perception.asd_speaker.doubt_contradicted_shot`) and run once; ``held_out_22`` and ``held_out_23`` with one
+more person (seed 24, not committed) as the voice of one and the answer of the other, composed after the voice
+rule (`tasks.perception.voices`) and run once.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -66,6 +68,7 @@ BG = 60
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
     13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177, 20: 137, 21: 173, 22: 184, 23: 190,
+    24: 179,
 }  # fmt: skip
 
 
@@ -250,6 +253,10 @@ SETS = {
     "held_out_19": Material(22, 23, 20, b_phase=15, b_start=30, answer_start=30),
     "held_out_20": Material(23, 20, 21, b_phase=50, b_start=10, answer_start=50, reaction_talks=True),
     "held_out_21": Material(20, 22, 23, b_phase=25, b_start=40, answer_start=16),
+    # composed 2026-12-06 after the voice rule (tasks/perception/voices.py), with one more person (seed 24, not
+    # committed: tests/data/README.md) as the voice of one set and the answer of the other, run once
+    "held_out_22": Material(24, 21, 23, b_phase=45, b_start=25, answer_start=20, reaction_talks=True),
+    "held_out_23": Material(22, 24, 20, b_phase=20, b_start=15, answer_start=58),
 }
 
 
