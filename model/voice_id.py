@@ -10,7 +10,6 @@ score a cosine of about 0.7-0.9 at 2 s, two voices about 0.5 (README).  Must not
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -86,9 +85,8 @@ def embed(encoder: VoiceEncoder, wav: np.ndarray) -> np.ndarray:
     return mean / max(float(np.linalg.norm(mean)), 1e-12)
 
 
-@cache
 def load_voice_encoder(path: Path | str = WEIGHTS) -> VoiceEncoder:
-    """The encoder with the weights of ``path`` (safetensors), float32 CPU, eval mode; one per process.
+    """The encoder with the weights of ``path`` (safetensors), float32 CPU, eval mode (about 50 ms of CPU: once per shot that needs it).
 
     A missing, unreadable or foreign file raises `CheckpointError` naming it.
     """
