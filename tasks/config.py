@@ -246,9 +246,7 @@ class SpeakerConfig:
     av_off: float  # talking faces all below this: nobody on screen says the line
     av_scale: float  # agreement above av_on of a full-strength score
     av_margin: float  # the speaker must out-agree every other talking face by this, else uncertain
-    # learned active-speaker detection (Light-ASD, tasks.perception.asd): auto = whenever the film has its own
-    # audio (its verdict joined with the agreement's, speaker.fuse_asd), off = never
-    asd: Literal["auto", "off"]
+    asd: Literal["auto", "off"]  # Light-ASD (tasks.perception.asd), joined with agreement: auto = own audio
     asd_on: float  # per-step mean speaking score above this: the face says the line
     asd_band: float  # a best face below asd_on + this: uncertain; so is one led by less than asd_margin by
     asd_margin: float  # ... a second face above asd_on + asd_band (two speakers?)
@@ -258,10 +256,8 @@ class SpeakerConfig:
     asd_sync_min: float  # a speaker's mean sync lead (tasks.perception.asd.sync_lead) must reach this
     asd_sync_sure: float  # ... a lone face's this; a face leading by this overrules agreement's "none"
     asd_max_faces: int  # tracks scored per shot at most (the most active mouths): bounds the cost
-    # one face, one voice (tasks.perception.voices, model.voice_id): a face's confident lines in two voices
-    # (GE2E cosine below this) are uncertain; 0 = off
-    voice_min_cos: float
-    voice_min_s: float  # lines shorter than this are not compared
+    voice_min_cos: float  # one face, two voices (GE2E cosine below this): its lines are uncertain; 0 = off
+    voice_min_s: float  # ... lines shorter than this are not compared (tasks.perception.voices)
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float
