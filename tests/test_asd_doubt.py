@@ -106,3 +106,40 @@ def test_routes_that_agree_or_only_doubt_keep_the_shot():
     # two routes both unsure, preferring different faces: nothing confident to doubt, nothing counted
     unsure = _segs([(0, 120, "uncertain", 0, 0.2, 1)])
     assert contradicted_frames(unsure, _segs([(0, 120, "uncertain", 1, 0.2, 0)]), 120) == 0
+
+
+# held_out_14/out_of_sync, recorded: track 0 speaks from frame 0, track 1 is its copy 0.6 s late.  Agreement
+# heard nobody on screen for the line's first 10 frames (its correlation warming up), then track 0; the
+# network named track 0 for the whole line.
+WARM_UP = (
+    _segs([(0, 10, "none", None, 0.646, None), (10, 30, "speaker", 0, 1.0, None),
+           (30, 55, "uncertain", 0, 0.5, 1), (60, 90, "uncertain", 0, 0.372, 1)]),
+    _segs([(0, 55, "speaker", 0, 0.917, None), (60, 90, "speaker", 0, 1.0, None)]),
+)  # fmt: skip
+
+
+def test_a_line_is_dubbed_from_its_start_not_after_agreement_has_warmed_up():
+    agreed, learned = WARM_UP
+    lead = np.full((2, 90), np.nan)
+    lead[0], lead[1] = 0.6, -0.2  # the speaker in sync, its late copy not (recorded: +0.4..+1.2 / below 0)
+    out = fuse_asd(agreed, learned, 90, SyncEvidence(lead, asd_settings(load_config().speaker), 25.0))
+    assert (out[0].start_frame, out[0].status, out[0].speaker) == (0, "speaker", 0), out
+    # "nobody" that does not run into the face's confident frames stays a doubt: between the line's start and
+    # them agreement named another face, so the start is not a warm-up
+    gap = _segs(
+        [
+            (0, 10, "none", None, 0.6, None),
+            (10, 20, "speaker", 1, 0.6, None),
+            (20, 55, "speaker", 0, 1.0, None),
+        ]
+    )
+    out = fuse_asd(gap, learned, 90, SyncEvidence(lead, asd_settings(load_config().speaker), 25.0))
+    assert [(s.start_frame, s.status) for s in out][:3] == [
+        (0, "uncertain"),
+        (10, "uncertain"),
+        (20, "speaker"),
+    ]
+    # a line the fusion never gives the face with confidence keeps its "nobody" as a doubt, as before
+    unsure = _segs([(0, 10, "none", None, 0.6, None), (10, 55, "speaker", 1, 0.8, None)])
+    out = fuse_asd(unsure, learned, 90, SyncEvidence(lead, asd_settings(load_config().speaker), 25.0))
+    assert all(s.status != "speaker" or s.speaker != 0 for s in out), out

@@ -205,7 +205,10 @@ def fuse_asd(
     leading by at least ``sync_min`` is uncertain (both named), agreement "none" gives way to "uncertain"
     where the learned route names a face leading by ``sync_sure`` or inside a learned speaker segment whose
     face the fusion names the speaker elsewhere in it (one line is not nobody's in part: the held-out
-    speaker whose lips follow her voice weakly was "nobody" for its first 1.2 s), else it stays; then
+    speaker whose lips follow her voice weakly was "nobody" for its first 1.2 s), else it stays; where that
+    "nobody" runs straight into the line's first frame the fusion gives its face, it is the line's start
+    (agreement's correlation warming up: the held-out out-of-sync speaker was dubbed 10 frames late) and the
+    face speaks from the line's start; then
     `doubt_unconfirmed_switches` and `doubt_contradicted_shot` (a contradiction of ``min_s`` or more)."""
     leads = sync.leads(learned) if sync is not None else {}
     settings = sync.settings if sync is not None else None
@@ -218,6 +221,7 @@ def fuse_asd(
 
     verdicts: list[tuple[str, int | None, int | None] | None] = []
     scores = np.zeros(n_frames)
+    nobody = [a is not None and a.status == "none" for a in frames(agreed)]  # agreement: nobody on screen
     for t, (a, b) in enumerate(zip(frames(agreed), frames(learned), strict=True)):
         pick: tuple[str, int | None, int | None] | None = None
         sure_b = b is not None and b.status == "speaker"
@@ -257,10 +261,20 @@ def fuse_asd(
         verdicts.append(pick)
     for seg in learned:  # one line of the network's is not nobody's where the fusion gives it to its face
         span = range(seg.start_frame, min(n_frames, seg.end_frame))
-        if seg.status == "speaker" and ("speaker", seg.speaker, None) in (verdicts[t] for t in span):
-            for t in span:
-                if verdicts[t] is not None and verdicts[t][0] == "none":
-                    verdicts[t], scores[t] = ("uncertain", seg.speaker, None), 0.5 * seg.score
+        named, doubted = ("speaker", seg.speaker, None), ("uncertain", seg.speaker, None)
+        first = next((t for t in span if verdicts[t] == named), None)  # the fusion's first sure frame of it
+        if seg.status != "speaker" or first is None:
+            continue
+        warm = first  # agreement's "nobody" running straight into it: the line's start, agreement warming up
+        while warm > seg.start_frame and nobody[warm - 1] and verdicts[warm - 1] is not None:
+            if verdicts[warm - 1][0] != "none" and verdicts[warm - 1] != doubted:
+                break
+            warm -= 1
+        for t in span:
+            if warm <= t < first:
+                verdicts[t], scores[t] = named, seg.score
+            elif verdicts[t] is not None and verdicts[t][0] == "none":
+                verdicts[t], scores[t] = doubted, 0.5 * seg.score
     out: list[SpeakerSegment] = []
     t = 0
     while t < n_frames:
