@@ -10,6 +10,7 @@ score a cosine of about 0.7-0.9 at 2 s, two voices about 0.5 (README).  Must not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,24 +66,36 @@ def partial_starts(n_samples: int) -> list[int]:
 
 def embed(encoder: VoiceEncoder, wav: np.ndarray) -> np.ndarray:
     """(HIDDEN,) unit-length voice embedding of mono float audio at RATE (any length; short audio is padded)."""
-    wav = np.asarray(wav, np.float32)
-    starts = partial_starts(len(wav))
-    need = (starts[-1] + PARTIAL) * HOP
-    if need > len(wav):
-        wav = np.pad(wav, (0, need - len(wav)))
-    mel = mel_frames(wav)  # (frames, N_MELS)
-    parts = np.stack([mel[s : s + PARTIAL] for s in starts])  # (partials, PARTIAL, N_MELS)
+    return embed_many(encoder, [wav])[0]
+
+
+def embed_many(encoder: VoiceEncoder, wavs: Sequence[np.ndarray]) -> np.ndarray:
+    """(len(wavs), HIDDEN) `embed` of each stretch, their partials through the network in one batch (the
+    LSTM's steps are small matrix products: one batch of 18 stretches took a third of the CPU of 18 calls)."""
+    parts, owner = [], []
+    for k, wav in enumerate(wavs):
+        wav = np.asarray(wav, np.float32)
+        starts = partial_starts(len(wav))
+        need = (starts[-1] + PARTIAL) * HOP
+        if need > len(wav):
+            wav = np.pad(wav, (0, need - len(wav)))
+        mel = mel_frames(wav)  # (frames, N_MELS)
+        parts += [mel[s : s + PARTIAL] for s in starts]
+        owner += [k] * len(starts)
+    if not parts:
+        return np.zeros((0, HIDDEN), np.float32)
     # one thread: the LSTM's small steps gain nothing from more, and on 2 cores the pool's spin-waits cost 13x
     # the CPU time (measured: 0.87 vs 0.07 CPU-s for 2 s of speech)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
-            each = encoder(torch.from_numpy(parts)).numpy()
+            each = encoder(torch.from_numpy(np.stack(parts))).numpy()  # (partials, HIDDEN)
     finally:
         torch.set_num_threads(threads)
-    mean = each.mean(axis=0)
-    return mean / max(float(np.linalg.norm(mean)), 1e-12)
+    owners = np.asarray(owner)
+    means = np.stack([each[owners == k].mean(axis=0) for k in range(len(wavs))])  # (stretches, HIDDEN)
+    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
 
 
 def load_voice_encoder(path: Path | str = WEIGHTS) -> VoiceEncoder:
@@ -97,4 +110,13 @@ def load_voice_encoder(path: Path | str = WEIGHTS) -> VoiceEncoder:
     return strict_assign(net, state, source=path, device="cpu").eval()  # type: ignore[return-value]
 
 
-__all__ = ["RATE", "WEIGHTS", "VoiceEncoder", "embed", "load_voice_encoder", "mel_frames", "partial_starts"]
+__all__ = [
+    "RATE",
+    "WEIGHTS",
+    "VoiceEncoder",
+    "embed",
+    "embed_many",
+    "load_voice_encoder",
+    "mel_frames",
+    "partial_starts",
+]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
-from model.voice_id import RATE, embed, load_voice_encoder, partial_starts
+from model.voice_id import RATE, embed, embed_many, load_voice_encoder, partial_starts
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.voices import doubt_two_voices
 from tests.speaker_cases import seed_audio
@@ -34,6 +34,17 @@ def test_the_encoder_gives_the_reference_embeddings():
         assert got.shape == (256,) and abs(float(np.linalg.norm(got)) - 1) < 1e-5
         # float16 weights (model/assets): the reference ran the float32 originals
         assert float(got @ ref) > 0.99999 and np.abs(got - ref).max() < 2e-3, (seed, a, b)
+
+
+def test_stretches_embedded_in_one_batch_are_each_their_own_embedding():
+    encoder = load_voice_encoder()
+    stretches = [_speech(1, 0.0, 2.0), _speech(2, 0.5, 1.2), _speech(3, 0.0, 4.4)]  # 2, 1 and 4 partials
+    batch = embed_many(encoder, stretches)
+    assert batch.shape == (3, 256)
+    for got, wav in zip(batch, stretches, strict=True):
+        alone = embed_many(encoder, [wav])[0]
+        assert np.abs(got - alone).max() < 1e-5
+    assert float(batch[0] @ batch[1]) < 0.99  # not one stretch's embedding copied to all
 
 
 def test_partials_cover_the_utterance_as_the_reference_cuts_it():
@@ -61,7 +72,9 @@ def _seg(a: int, b: int, status: str, who: int | None) -> SpeakerSegment:
 
 def _voices(audio: np.ndarray):
     encoder = load_voice_encoder()
-    return lambda f0, f1: embed(encoder, audio[round(f0 / FPS * RATE) : round(f1 / FPS * RATE)])
+    return lambda spans: embed_many(
+        encoder, [audio[round(a / FPS * RATE) : round(b / FPS * RATE)] for a, b in spans]
+    )
 
 
 def test_one_face_given_two_voices_is_uncertain():

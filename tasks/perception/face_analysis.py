@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from tasks.perception.speaker import (
 )
 from tasks.perception.tracks import Tracker, appearance
 from tasks.perception.vad import RATE, StreamingVad, at_frames
-from tasks.perception.voices import doubt_two_voices
+from tasks.perception.voices import VoicesOf, doubt_two_voices
 
 log = logging.getLogger(__name__)
 
@@ -268,14 +268,16 @@ def scored_tracks(
     return sorted(order[:most])
 
 
-def _voice_of(samples: np.ndarray, fps: float) -> Callable[[int, int], np.ndarray]:
-    """voice_of(start_frame, end_frame): the GE2E embedding of the shot's audio (mono at RATE) over those frames."""
+def _voices_of(samples: np.ndarray, fps: float) -> VoicesOf:
+    """voices_of(spans): the GE2E embeddings (n, 256) of the shot's audio (mono at RATE) over spans of frames."""
     from model.voice_id import RATE as VOICE_RATE
-    from model.voice_id import embed, load_voice_encoder  # torch: only where a face has confident lines
+    from model.voice_id import embed_many, load_voice_encoder  # torch: only where a face has confident lines
 
     assert VOICE_RATE == RATE, "the dialogue is decoded at the voice encoder's rate"
     encoder = load_voice_encoder()
-    return lambda f0, f1: embed(encoder, samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)])
+    return lambda spans: embed_many(
+        encoder, [samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)] for f0, f1 in spans]
+    )
 
 
 def analyse_frames(
@@ -354,7 +356,7 @@ def analyse_frames(
     if audio is not None and cfg.voice_min_cos > 0 and any(s.status == "speaker" for s in segments):
         segments = doubt_two_voices(
             segments,
-            _voice_of(np.asarray(audio, np.float32), fps),
+            _voices_of(np.asarray(audio, np.float32), fps),
             cfg.voice_min_cos,
             round(cfg.voice_min_s * fps),
             fps,

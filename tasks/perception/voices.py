@@ -8,14 +8,14 @@ they cannot hear is that the voice changed.  A speaker-identity embedding (`mode
 confident segment of at least ``least`` frames is embedded, and where two segments of one face are further
 apart than ``min_cos`` (cosine), both become "uncertain"; so does one segment whose speech before some point
 and after it differ so (a turn change with no pause inside one line: `WINDOW_S` either side, at least
-`SIDE_S` of it, every `STEP_S`).  Pure logic over segments; the embedding is passed in (``voice_of``), so this
-module needs no torch.
+`SIDE_S` of it, every `STEP_S`).  Pure logic over segments; the embedding is passed in (``voices_of``), so
+this module needs no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -29,22 +29,22 @@ SIDE_S = 1.5
 STEP_S = 0.4
 
 
-def _changes_voice(
-    seg: SpeakerSegment, voice_of: Callable[[int, int], np.ndarray], min_cos: float, fps: float
-) -> bool:
-    """The speech of ``seg`` before some point and after it are two voices."""
+Span = tuple[int, int]  # (start frame, end frame) of the shot's audio
+VoicesOf = Callable[[Sequence[Span]], np.ndarray]  # spans -> (len(spans), D) unit-length voice embeddings
+
+
+def _splits(seg: SpeakerSegment, fps: float) -> list[tuple[Span, Span]]:
+    """(before, after) spans of each point inside ``seg`` where its voice may change."""
     side, window, step = round(SIDE_S * fps), round(WINDOW_S * fps), max(1, round(STEP_S * fps))
-    for t in range(seg.start_frame + side, seg.end_frame - side + 1, step):
-        before = voice_of(max(seg.start_frame, t - window), t)
-        after = voice_of(t, min(seg.end_frame, t + window))
-        if float(before @ after) < min_cos:
-            return True
-    return False
+    return [
+        ((max(seg.start_frame, t - window), t), (t, min(seg.end_frame, t + window)))
+        for t in range(seg.start_frame + side, seg.end_frame - side + 1, step)
+    ]
 
 
 def doubt_two_voices(
     segments: list[SpeakerSegment],
-    voice_of: Callable[[int, int], np.ndarray],
+    voices_of: VoicesOf,
     min_cos: float,
     least: int,
     fps: float,
@@ -52,29 +52,36 @@ def doubt_two_voices(
     """``segments`` with the confident ones of a face whose lines differ in voice made "uncertain", and those
     in which the voice changes.
 
-    voice_of(start_frame, end_frame) -> (D,) unit-length voice embedding of the source's audio over those
-    frames; segments shorter than ``least`` frames are not compared (too short to tell a voice).
+    voices_of(spans) -> (len(spans), D): the unit-length voice embedding of the source's audio over each span
+    of frames, all in one call (one batch through the network; a split's "after" is often a later split's
+    "before"); segments shorter than ``least`` frames are not compared (too short to tell a voice).
     """
     sure = [
         s
         for s in segments
         if s.status == "speaker" and s.speaker is not None and s.end_frame - s.start_frame >= least
     ]
-    faces = {s.speaker for s in sure}
-    doubt = {id(s) for s in sure if _changes_voice(s, voice_of, min_cos, fps)}
-    for face in faces:
-        own = [s for s in sure if s.speaker == face]
-        if len(own) < 2:
-            continue
-        voices = [voice_of(s.start_frame, s.end_frame) for s in own]
-        for i in range(len(own)):
-            for j in range(i + 1, len(own)):
-                if float(voices[i] @ voices[j]) < min_cos:
-                    doubt.update((id(own[i]), id(own[j])))
+    splits = {id(s): _splits(s, fps) for s in sure}
+    paired = [
+        s for s in sure if sum(o.speaker == s.speaker for o in sure) > 1
+    ]  # a face with two lines or more
+    wanted = {span for pairs in splits.values() for pair in pairs for span in pair}
+    wanted |= {(s.start_frame, s.end_frame) for s in paired}
+    if not wanted:
+        return segments
+    spans = sorted(wanted)
+    voice = dict(zip(spans, voices_of(spans), strict=True))
+    doubt = {id(s) for s in sure if any(float(voice[a] @ voice[b]) < min_cos for a, b in splits[id(s)])}
+    for i, a in enumerate(paired):
+        for b in paired[i + 1 :]:
+            if a.speaker == b.speaker:
+                va, vb = voice[(a.start_frame, a.end_frame)], voice[(b.start_frame, b.end_frame)]
+                if float(va @ vb) < min_cos:
+                    doubt.update((id(a), id(b)))
     return [
         dataclasses.replace(s, status="uncertain", score=round(0.5 * s.score, 3)) if id(s) in doubt else s
         for s in segments
     ]
 
 
-__all__ = ["SIDE_S", "STEP_S", "WINDOW_S", "doubt_two_voices"]
+__all__ = ["SIDE_S", "STEP_S", "WINDOW_S", "Span", "VoicesOf", "doubt_two_voices"]
