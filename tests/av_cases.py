@@ -39,7 +39,8 @@ committed), composed with the rules of ``held_out_11`` unchanged, each of them t
 ``held_out_18`` to ``held_out_21`` of four more (seeds 20-23, not committed), composed after the shot rule
 (`tasks.perception.asd_speaker.doubt_contradicted_shot`) and run once; ``held_out_22`` and ``held_out_23`` with one
 more person (seed 24, not committed) as the voice of one and the answer of the other, composed after the voice
-rule (`tasks.perception.voices`) and run once.
+rule (`tasks.perception.voices`) and run once; ``held_out_24`` and ``held_out_25`` likewise with seed 25 (not
+committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fuse_asd` and run once.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -68,7 +69,7 @@ BG = 60
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
     13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177, 20: 137, 21: 173, 22: 184, 23: 190,
-    24: 179,
+    24: 179, 25: 138,
 }  # fmt: skip
 
 
@@ -257,6 +258,11 @@ SETS = {
     # committed: tests/data/README.md) as the voice of one set and the answer of the other, run once
     "held_out_22": Material(24, 21, 23, b_phase=45, b_start=25, answer_start=20, reaction_talks=True),
     "held_out_23": Material(22, 24, 20, b_phase=20, b_start=15, answer_start=58),
+    # composed 2026-12-06 after the warm-up rule (asd_speaker.fuse_asd: agreement's "nobody" at a line's start),
+    # with one more person (seed 25, Korean, not committed: tests/data/README.md) as the voice of one set and the
+    # answer of the other (from its frame 45, where its second line starts), run once
+    "held_out_24": Material(25, 22, 21, b_phase=25, b_start=20, answer_start=18, reaction_talks=True),
+    "held_out_25": Material(23, 25, 24, b_phase=40, b_start=45, answer_start=45),
 }
 
 
