@@ -45,12 +45,46 @@ class VoiceEncoder(nn.Module):
         return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def mel_frames(wav: np.ndarray) -> np.ndarray:
-    """(frames, N_MELS) power mel spectrogram of mono float audio at RATE (librosa's defaults otherwise)."""
-    import librosa
+# Slaney's mel scale (librosa's default, which the encoder was trained with): linear below BREAK_HZ, logarithmic above
+MEL_HZ = 200.0 / 3  # Hz per mel below the break
+BREAK_HZ = 1000.0
+LOG_STEP = float(np.log(6.4) / 27.0)  # natural-log Hz per mel above it
 
-    spec = librosa.feature.melspectrogram(y=wav, sr=RATE, n_fft=WINDOW, hop_length=HOP, n_mels=N_MELS)
-    return spec.astype(np.float32).T
+
+def _to_mel(hz: np.ndarray) -> np.ndarray:
+    hz = np.asarray(hz, np.float64)
+    above = BREAK_HZ / MEL_HZ + np.log(np.maximum(hz, BREAK_HZ) / BREAK_HZ) / LOG_STEP
+    return np.where(hz >= BREAK_HZ, above, hz / MEL_HZ)
+
+
+def _to_hz(mel: np.ndarray) -> np.ndarray:
+    brk = BREAK_HZ / MEL_HZ
+    return np.where(mel >= brk, BREAK_HZ * np.exp(LOG_STEP * (mel - brk)), MEL_HZ * mel)
+
+
+def mel_bank() -> np.ndarray:
+    """(N_MELS, WINDOW // 2 + 1) triangular filters spread evenly in mel from 0 Hz to Nyquist, each scaled to
+    unit area in Hz (Slaney's normalisation)."""
+    edges = _to_hz(np.linspace(0.0, float(_to_mel(np.array(RATE / 2))), N_MELS + 2))  # (N_MELS + 2,) Hz
+    bins = np.linspace(0.0, RATE / 2, WINDOW // 2 + 1)  # (201,) Hz of each rfft bin
+    width = np.diff(edges)
+    rise = (bins[None, :] - edges[:-2, None]) / width[:-1, None]
+    fall = (edges[2:, None] - bins[None, :]) / width[1:, None]
+    tri = np.maximum(0.0, np.minimum(rise, fall))  # (N_MELS, 201)
+    return (tri * (2.0 / (edges[2:] - edges[:-2]))[:, None]).astype(np.float32)
+
+
+def mel_frames(wav: np.ndarray) -> np.ndarray:
+    """(frames, N_MELS) power mel spectrogram of mono float audio at RATE: `len // HOP + 1` frames of WINDOW
+    samples centred on every HOP (zero-padded at the ends), a periodic Hann window, |rfft|^2 through `mel_bank`.
+    This is what the encoder's training features were (librosa.feature.melspectrogram with these sizes,
+    tests/test_voices.py checks it); numpy alone, so no first call waits on librosa's import and numba."""
+    x = np.pad(np.asarray(wav, np.float32), WINDOW // 2)
+    n = 1 + (len(x) - WINDOW) // HOP
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(WINDOW) / WINDOW)).astype(np.float32)
+    idx = np.arange(WINDOW)[None, :] + HOP * np.arange(n)[:, None]  # (frames, WINDOW)
+    power = np.abs(np.fft.rfft(x[idx] * window, axis=1)) ** 2  # (frames, 201)
+    return (power @ mel_bank().T).astype(np.float32)
 
 
 def partial_starts(n_samples: int) -> list[int]:

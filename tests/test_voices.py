@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
-from model.voice_id import RATE, embed, embed_many, load_voice_encoder, partial_starts
+from model.voice_id import RATE, embed, embed_many, load_voice_encoder, mel_frames, partial_starts
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.voices import doubt_two_voices
 from tests.speaker_cases import seed_audio
@@ -34,6 +34,16 @@ def test_the_encoder_gives_the_reference_embeddings():
         assert got.shape == (256,) and abs(float(np.linalg.norm(got)) - 1) < 1e-5
         # float16 weights (model/assets): the reference ran the float32 originals
         assert float(got @ ref) > 0.99999 and np.abs(got - ref).max() < 2e-3, (seed, a, b)
+
+
+def test_the_mel_frames_are_librosas():
+    """The encoder was trained on librosa.feature.melspectrogram (n_fft 400, hop 160, 40 bands); ours is numpy."""
+    librosa = pytest.importorskip("librosa")
+    wav = _speech(3, 0.3, 2.31)  # a length that is no multiple of the hop
+    ref = librosa.feature.melspectrogram(y=wav, sr=RATE, n_fft=400, hop_length=160, n_mels=40).T
+    got = mel_frames(wav)
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() <= 1e-5 * ref.max()
 
 
 def test_stretches_embedded_in_one_batch_are_each_their_own_embedding():
