@@ -13,6 +13,7 @@ from tasks.perception.asd_speaker import (
     SyncEvidence,
     contradicted_frames,
     doubt_contradicted_shot,
+    doubt_out_of_sync,
     doubt_unconfirmed_switches,
     fuse_asd,
 )
@@ -143,3 +144,28 @@ def test_a_line_is_dubbed_from_its_start_not_after_agreement_has_warmed_up():
     unsure = _segs([(0, 10, "none", None, 0.6, None), (10, 55, "speaker", 1, 0.8, None)])
     out = fuse_asd(unsure, learned, 90, SyncEvidence(lead, asd_settings(load_config().speaker), 25.0))
     assert all(s.status != "speaker" or s.speaker != 0 for s in out), out
+
+
+# held_out_24/moving_listener, recorded (seed 25, not committed): track 0 speaks (weakly in sync, Korean), track 1
+# mouths backwards beside it.  Agreement was sure of track 1 over 45-95; the network, unsure, preferred track 0.
+MOUTHING = (
+    _segs([(0, 15, "uncertain", 0, 0.108, 1), (45, 95, "speaker", 1, 1.0, None), (100, 120, "uncertain", 1, 0.019, 0)]),
+    _segs([(0, 15, "uncertain", 0, 0.103, 1), (45, 95, "uncertain", 0, 0.0, 1), (100, 120, "uncertain", 0, 0.491, 1)]),
+)  # fmt: skip
+
+
+def test_a_confident_face_whose_lips_do_not_follow_the_speech_is_uncertain():
+    agreed, learned = MOUTHING
+    asd = asd_settings(load_config().speaker)
+    lead = np.full((2, 120), np.nan)
+    lead[0, 45:95], lead[1, 45:95] = 0.16, -0.15  # the recorded means over the line
+    before = doubt_unconfirmed_switches(fuse_asd(agreed, learned, 120), agreed, 40)
+    assert [(s.status, s.speaker) for s in before if s.status == "speaker"] == [("speaker", 1)]  # wrong, sure
+    out = fuse_asd(agreed, learned, 120, SyncEvidence(lead, asd, 25.0))
+    assert all(s.status != "speaker" for s in out), out
+    # the same line with the listener's lips in step with the speech keeps agreement's verdict
+    lead[1, 45:95] = asd.sync_min + 0.05
+    kept = doubt_out_of_sync(before, SyncEvidence(lead, asd, 25.0))
+    assert [(s.status, s.speaker) for s in kept if s.status == "speaker"] == [("speaker", 1)]
+    # a face the network did not score (NaN lead) keeps its verdict too
+    assert doubt_out_of_sync(before, SyncEvidence(np.full((2, 120), np.nan), asd, 25.0)) == before
