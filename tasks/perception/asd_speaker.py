@@ -20,7 +20,8 @@ score barely above the line, too short a line; the held-out reaction shot, a lon
 that agreement took for the speaker), and leaves agreement's "none" alone (no moving mouth, or none
 following the speech: the network scores a listener's parted lips under a voice-over as speaking) unless
 it names a face clearly in sync, or one whose line it gives that face elsewhere (-> uncertain).  Whichever route
-named it, a confident face must lead by ``sync_min`` over its segment (`doubt_out_of_sync`).  Near a
+named it, a confident face whose lips fit other moments of the audio better (a negative mean lead over its
+segment) is uncertain (`doubt_out_of_sync`).  Near a
 change of speaker only two routes agreeing are sure: a confident segment that neighbours another face's
 within the network's reach (``REACH_S``) is uncertain unless agreement named its face
 (`doubt_unconfirmed_switches`).  And a shot in which the two routes contradict each other for a line or more (one
@@ -209,8 +210,8 @@ def fuse_asd(
     speaker whose lips follow her voice weakly was "nobody" for its first 1.2 s), else it stays; where that
     "nobody" runs straight into the line's first frame the fusion gives its face, it is the line's start
     (agreement's correlation warming up: the held-out out-of-sync speaker was dubbed 10 frames late) and the
-    face speaks from the line's start; then `doubt_out_of_sync` (a confident face whose lips do not follow the
-    speech by the network's lead),
+    face speaks from the line's start; then `doubt_out_of_sync` (a confident face whose lips fit other moments
+    of the audio better),
     `doubt_unconfirmed_switches` and `doubt_contradicted_shot` (a contradiction of ``min_s`` or more)."""
     leads = sync.leads(learned) if sync is not None else {}
     settings = sync.settings if sync is not None else None
@@ -224,6 +225,9 @@ def fuse_asd(
     verdicts: list[tuple[str, int | None, int | None] | None] = []
     scores = np.zeros(n_frames)
     nobody = [a is not None and a.status == "none" for a in frames(agreed)]  # agreement: nobody on screen
+    sure_agreed = [
+        a is not None and a.status == "speaker" for a in frames(agreed)
+    ]  # agreement: sure of a face
     for t, (a, b) in enumerate(zip(frames(agreed), frames(learned), strict=True)):
         pick: tuple[str, int | None, int | None] | None = None
         sure_b = b is not None and b.status == "speaker"
@@ -267,8 +271,15 @@ def fuse_asd(
         first = next((t for t in span if verdicts[t] == named), None)  # the fusion's first sure frame of it
         if seg.status != "speaker" or first is None:
             continue
-        warm = first  # agreement's "nobody" running straight into it: the line's start, agreement warming up
-        while warm > seg.start_frame and nobody[warm - 1] and verdicts[warm - 1] is not None:
+        # agreement's "nobody" running straight into a frame where agreement itself is sure of the face: the
+        # line's start, agreement's correlation warming up
+        warm = first
+        while (
+            sure_agreed[first]
+            and warm > seg.start_frame
+            and nobody[warm - 1]
+            and verdicts[warm - 1] is not None
+        ):
             if verdicts[warm - 1][0] != "none" and verdicts[warm - 1] != doubted:
                 break
             warm -= 1
@@ -295,18 +306,18 @@ def fuse_asd(
 
 
 def doubt_out_of_sync(fused: list[SpeakerSegment], sync: SyncEvidence) -> list[SpeakerSegment]:
-    """Confident speaker segments whose face's mean sync lead over them is below ``sync_min`` are "uncertain":
-    the bar the learned route sets its own speakers (`find_asd_speakers`), now for agreement's too.  Agreement
-    correlates lip motion with the speech's energy, which a listener mouthing along can match for a line; the
-    lead asks whether the lips go better with this moment of the audio than with others (the held-out moving
-    listener that agreement named for 2 s led by -0.15 there, the speaker by +0.16; confident faces of the
-    right cases lead by 0.26 or more).  A face the network did not score (beyond ``asd_max_faces``) keeps its
-    verdict."""
+    """Confident speaker segments whose face's mean sync lead over them is below zero are "uncertain": its lips
+    go better with other moments of the audio than with this one.  Agreement correlates lip motion with the
+    speech's energy, which a listener mouthing along can match for a line; the network's lead asks whether the
+    lips follow this moment of the audio (the held-out moving listener that agreement named for 2 s led by
+    -0.15 there, the speaker beside it by +0.16; the confident faces of the right cases lead by 0.26 or more,
+    and the learned route's own speakers by ``sync_min`` at least).  A face the network did not score (beyond
+    ``asd_max_faces``) keeps its verdict."""
     out = []
     for seg in fused:
         if seg.status == "speaker" and seg.speaker is not None:
             row = np.asarray(sync.lead[seg.speaker, seg.start_frame : seg.end_frame], np.float64)
-            if np.isfinite(row).any() and float(np.nanmean(row)) < sync.settings.sync_min:
+            if np.isfinite(row).any() and float(np.nanmean(row)) < 0.0:
                 seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
         out.append(seg)
     return out
