@@ -40,7 +40,9 @@ committed), composed with the rules of ``held_out_11`` unchanged, each of them t
 (`tasks.perception.asd_speaker.doubt_contradicted_shot`) and run once; ``held_out_22`` and ``held_out_23`` with one
 more person (seed 24, not committed) as the voice of one and the answer of the other, composed after the voice
 rule (`tasks.perception.voices`) and run once; ``held_out_24`` and ``held_out_25`` likewise with seed 25 (not
-committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fuse_asd` and run once.
+committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fuse_asd` and run once;
+``held_out_26`` and ``held_out_27`` likewise with seed 26 (not committed), composed after
+`tasks.perception.asd_speaker.doubt_out_of_sync` and run once.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -69,7 +71,7 @@ BG = 60
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
     13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177, 20: 137, 21: 173, 22: 184, 23: 190,
-    24: 179, 25: 138,
+    24: 179, 25: 138, 26: 145,
 }  # fmt: skip
 
 
@@ -263,6 +265,11 @@ SETS = {
     # answer of the other (from its frame 45, where its second line starts), run once
     "held_out_24": Material(25, 22, 21, b_phase=25, b_start=20, answer_start=18, reaction_talks=True),
     "held_out_25": Material(23, 25, 24, b_phase=40, b_start=45, answer_start=45),
+    # composed 2026-12-06 after the out-of-sync rule (asd_speaker.doubt_out_of_sync), with one more person (seed
+    # 26, English, film; not committed: tests/data/README.md) as the voice of one set and the answer of the other
+    # (from its frame 49, where its second line starts), run once
+    "held_out_26": Material(26, 24, 25, b_phase=30, b_start=20, answer_start=10, reaction_talks=True),
+    "held_out_27": Material(22, 26, 24, b_phase=45, b_start=35, answer_start=49),
 }
 
 
