@@ -224,10 +224,9 @@ def fuse_asd(
 
     verdicts: list[tuple[str, int | None, int | None] | None] = []
     scores = np.zeros(n_frames)
-    nobody = [a is not None and a.status == "none" for a in frames(agreed)]  # agreement: nobody on screen
-    sure_agreed = [
-        a is not None and a.status == "speaker" for a in frames(agreed)
-    ]  # agreement: sure of a face
+    # per frame, agreement's own verdict: nobody on screen / sure of a face (the warm-up rule below reads them)
+    nobody = [a is not None and a.status == "none" for a in frames(agreed)]
+    sure_agreed = [a is not None and a.status == "speaker" for a in frames(agreed)]
     for t, (a, b) in enumerate(zip(frames(agreed), frames(learned), strict=True)):
         pick: tuple[str, int | None, int | None] | None = None
         sure_b = b is not None and b.status == "speaker"
@@ -271,18 +270,12 @@ def fuse_asd(
         first = next((t for t in span if verdicts[t] == named), None)  # the fusion's first sure frame of it
         if seg.status != "speaker" or first is None:
             continue
-        # agreement's "nobody" running straight into a frame where agreement itself is sure of the face: the
-        # line's start, agreement's correlation warming up
-        warm = first
-        while (
-            sure_agreed[first]
-            and warm > seg.start_frame
-            and nobody[warm - 1]
-            and verdicts[warm - 1] is not None
-        ):
-            if verdicts[warm - 1][0] != "none" and verdicts[warm - 1] != doubted:
-                break
-            warm -= 1
+        warm = first  # from here to ``first`` the face speaks: the line's start, agreement warming up
+        if sure_agreed[first]:  # agreement's "nobody" running straight into its own sure frames of the face
+            while warm > seg.start_frame and nobody[warm - 1] and verdicts[warm - 1] is not None:
+                if verdicts[warm - 1][0] != "none" and verdicts[warm - 1] != doubted:
+                    break
+                warm -= 1
         for t in span:
             if warm <= t < first:
                 verdicts[t], scores[t] = named, seg.score

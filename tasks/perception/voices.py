@@ -62,9 +62,8 @@ def doubt_two_voices(
         if s.status == "speaker" and s.speaker is not None and s.end_frame - s.start_frame >= least
     ]
     splits = {id(s): _splits(s, fps) for s in sure}
-    paired = [
-        s for s in sure if sum(o.speaker == s.speaker for o in sure) > 1
-    ]  # a face with two lines or more
+    # the lines of faces with two lines or more, compared pairwise
+    paired = [s for s in sure if sum(o.speaker == s.speaker for o in sure) > 1]
     wanted = {span for pairs in splits.values() for pair in pairs for span in pair}
     wanted |= {(s.start_frame, s.end_frame) for s in paired}
     if not wanted:
