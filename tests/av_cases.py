@@ -42,7 +42,8 @@ more person (seed 24, not committed) as the voice of one and the answer of the o
 rule (`tasks.perception.voices`) and run once; ``held_out_24`` and ``held_out_25`` likewise with seed 25 (not
 committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fuse_asd` and run once;
 ``held_out_26`` and ``held_out_27`` likewise with seed 26 (not committed), composed after
-`tasks.perception.asd_speaker.doubt_out_of_sync` and run once.
+`tasks.perception.asd_speaker.doubt_out_of_sync` and run once; ``held_out_28`` and ``held_out_29`` pair seeds 25 and 26
+in new roles (new cases, no new person), composed after that run with no rule changed and run once.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -270,6 +271,10 @@ SETS = {
     # (from its frame 49, where its second line starts), run once
     "held_out_26": Material(26, 24, 25, b_phase=30, b_start=20, answer_start=10, reaction_talks=True),
     "held_out_27": Material(22, 26, 24, b_phase=45, b_start=35, answer_start=49),
+    # composed 2026-12-06 after held_out_26/27's run, no rule changed since: seeds 25 and 26 face to face in new
+    # roles (no new person: new cases of seen people), run once
+    "held_out_28": Material(25, 26, 20, b_phase=60, b_start=30, answer_start=49, reaction_talks=True),
+    "held_out_29": Material(26, 25, 21, b_phase=10, b_start=45, answer_start=45),
 }
 
 
