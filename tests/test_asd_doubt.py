@@ -16,6 +16,7 @@ from tasks.perception.asd_speaker import (
     doubt_out_of_sync,
     doubt_unconfirmed_switches,
     fuse_asd,
+    name_likeliest,
 )
 from tasks.perception.face_analysis import asd_settings
 from tasks.perception.speaker import SpeakerSegment
@@ -169,3 +170,16 @@ def test_a_confident_face_whose_lips_do_not_follow_the_speech_is_uncertain():
     assert [(s.status, s.speaker) for s in kept if s.status == "speaker"] == [("speaker", 1)]
     # a face the network did not score (NaN lead) keeps its verdict too
     assert doubt_out_of_sync(before, SyncEvidence(np.full((2, 120), np.nan), asd, 25.0)) == before
+
+
+def test_an_uncertain_segment_names_the_face_whose_lips_follow_the_speech_best():
+    segs = [_seg(0, 50, "uncertain", 0), _seg(50, 100, "speaker", 0), _seg(100, 120, "uncertain", 1)]
+    lead = np.full((3, 120), np.nan)
+    lead[0], lead[1] = 0.1, 0.6  # face 1 leads throughout; face 2 was not scored
+    out = name_likeliest(segs, lead)
+    assert [(s.status, s.speaker, s.runner_up) for s in out] == [
+        ("uncertain", 1, 0),  # renamed, the old name kept as the runner-up
+        ("speaker", 0, None),  # a confident segment keeps its face: only what `most_likely` dubs changes
+        ("uncertain", 1, None),  # already the best
+    ]
+    assert name_likeliest(segs, np.full((3, 120), np.nan)) == segs  # nothing scored: nothing to go by

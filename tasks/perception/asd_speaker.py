@@ -316,6 +316,25 @@ def doubt_out_of_sync(fused: list[SpeakerSegment], sync: SyncEvidence) -> list[S
     return out
 
 
+def name_likeliest(segments: list[SpeakerSegment], lead: np.ndarray) -> list[SpeakerSegment]:
+    """Uncertain segments named after the face whose lips follow the speech best over them (the highest mean
+    sync lead of the faces the network scored), the face named before kept as the runner-up.  Only what
+    `speaker.uncertain: most_likely` dubs changes, not any confidence: over the uncertain turns of the 210
+    composed cases the named face was right on 57 % of their frames before, 66 % this way (README).
+
+    lead (n_tracks, T): `asd_scores`' sync leads, NaN where a face is absent or unscored."""
+    out = []
+    for seg in segments:
+        if seg.status == "uncertain" and seg.speaker is not None:
+            rows = np.asarray(lead[:, seg.start_frame : seg.end_frame], np.float64)
+            means = np.array([np.nanmean(r) if np.isfinite(r).any() else -np.inf for r in rows])
+            best = int(np.argmax(means)) if len(means) and np.isfinite(means.max()) else seg.speaker
+            if best != seg.speaker:
+                seg = dataclasses.replace(seg, speaker=best, runner_up=seg.speaker)
+        out.append(seg)
+    return out
+
+
 def _confirmed(seg: SpeakerSegment, agreed: list[SpeakerSegment]) -> bool:
     """Agreement itself named ``seg``'s face the speaker over at least half of its frames."""
     both = sum(
@@ -409,4 +428,5 @@ __all__ = [
     "doubt_unconfirmed_switches",
     "find_asd_speakers",
     "fuse_asd",
+    "name_likeliest",
 ]

@@ -31,7 +31,13 @@ from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
 from tasks.perception.asd import FaceCrops, asd_scores
-from tasks.perception.asd_speaker import AsdSettings, SyncEvidence, find_asd_speakers, fuse_asd
+from tasks.perception.asd_speaker import (
+    AsdSettings,
+    SyncEvidence,
+    find_asd_speakers,
+    fuse_asd,
+    name_likeliest,
+)
 from tasks.perception.av_sync import SyncSettings, agreement, mouth_motion, speech_envelope
 from tasks.perception.faces import FaceDetector
 from tasks.perception.lips import MouthMeter, mouth_activity
@@ -335,6 +341,7 @@ def analyse_frames(
     else:
         segments = find_speakers(activity, change, speech_prob, fps, settings)
     asd_rows: tuple[tuple[float | None, ...], ...] = ()
+    lead: np.ndarray | None = None  # (n_tracks, n_frames) the learned route's sync leads, when it ran
     if crops is not None and audio is not None:
         ids = scored_tracks(activity, change, speech_prob, settings, cfg.asd_max_faces, agree)
         from model.light_asd import load_light_asd  # torch: only where a face's crops are scored
@@ -361,6 +368,8 @@ def analyse_frames(
             round(cfg.voice_min_s * fps),
             fps,
         )
+    if lead is not None:  # what an uncertain segment names: the face whose lips follow the speech best
+        segments = name_likeliest(segments, lead)
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
     infos = tuple(
