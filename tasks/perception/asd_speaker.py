@@ -170,6 +170,12 @@ def _unconfirmed(b: SpeakerSegment | None, k: int | None) -> bool:
     return b is not None and b.status == "uncertain" and b.speaker == k and b.runner_up is None
 
 
+def _span_leads(lead: np.ndarray, seg: SpeakerSegment) -> np.ndarray:
+    """(n_tracks,) each face's mean sync lead over ``seg``'s frames (NaN where it has none: absent, unscored)."""
+    rows = np.asarray(lead[:, seg.start_frame : seg.end_frame], np.float64)
+    return np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in rows])
+
+
 @dataclass(frozen=True)
 class SyncEvidence:
     """What the fusion's lead rules read: the sync leads (n_tracks, T) of `asd_scores`, the thresholds and
@@ -187,8 +193,7 @@ class SyncEvidence:
         for seg in learned:
             if seg.speaker is None or seg.end_frame - seg.start_frame < least:
                 continue
-            row = np.asarray(self.lead[seg.speaker, seg.start_frame : seg.end_frame], np.float64)
-            out[id(seg)] = float(np.nanmean(row)) if np.isfinite(row).any() else float("nan")
+            out[id(seg)] = float(_span_leads(self.lead, seg)[seg.speaker])
         return out
 
 
@@ -308,10 +313,13 @@ def doubt_out_of_sync(fused: list[SpeakerSegment], sync: SyncEvidence) -> list[S
     ``asd_max_faces``) keeps its verdict."""
     out = []
     for seg in fused:
-        if seg.status == "speaker" and seg.speaker is not None:
-            row = np.asarray(sync.lead[seg.speaker, seg.start_frame : seg.end_frame], np.float64)
-            if np.isfinite(row).any() and float(np.nanmean(row)) < 0.0:
-                seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
+        # a face with no lead (unscored: NaN) is not below the bar
+        if (
+            seg.status == "speaker"
+            and seg.speaker is not None
+            and _span_leads(sync.lead, seg)[seg.speaker] < 0.0
+        ):
+            seg = dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3))
         out.append(seg)
     return out
 
@@ -326,9 +334,8 @@ def name_likeliest(segments: list[SpeakerSegment], lead: np.ndarray) -> list[Spe
     out = []
     for seg in segments:
         if seg.status == "uncertain" and seg.speaker is not None:
-            rows = np.asarray(lead[:, seg.start_frame : seg.end_frame], np.float64)
-            means = np.array([np.nanmean(r) if np.isfinite(r).any() else -np.inf for r in rows])
-            best = int(np.argmax(means)) if len(means) and np.isfinite(means.max()) else seg.speaker
+            means = _span_leads(lead, seg)
+            best = int(np.nanargmax(means)) if np.isfinite(means).any() else seg.speaker
             if best != seg.speaker:
                 seg = dataclasses.replace(seg, speaker=best, runner_up=seg.speaker)
         out.append(seg)
