@@ -1,0 +1,311 @@
+"""Who speaks, replayed: record the composed cases' analysis once, then try the speaker rules on it in seconds.
+
+``record`` puts each composed case of `tests/av_cases.py` (``--splits``) through the same steps as
+`bench_av_speaker.py` (encode as a film, `decide_shot`, the gate's turns, `judge`) and keeps, per case, what the
+rules after the expensive analysis read: the agreement route's segments, the network's scores and sync leads
+per face and frame, the still-picture test's rows, the speech probability, the source sound the voice check
+embeds, and the shot's analysis (`ShotFaces` JSON).  ``replay`` re-runs from there (`find_asd_speakers`,
+`fuse_asd` with its doubt rules, the voice rule, `name_likeliest`, the gate's turns, `judge`) and prints
+right / uncertain / wrong over the recorded cases, first with every rule (it must equal the recorded verdicts),
+then each variant asked for, with the cases that change (leaving rules out; or an extra rule on the confident
+segments: a bar on a second face's network score, or a box on both routes' margins).  ``--set speaker.KEY=VALUE`` applies to the replayed
+rules only (the analysis and the agreement route are as recorded).  Records are JSON + npz (no pickle), read
+back only by this tool.  CPU only; recording is ~3 s a case, replaying ~0.1 s.  Must not be imported by the
+pipeline.
+
+    PYTHONPATH=. python benchmarks/speaker_replay.py record --splits tune,held_out --dir /tmp/speaker_rec
+    PYTHONPATH=. python benchmarks/speaker_replay.py replay --dir /tmp/speaker_rec \
+        [--without shot --without shot,out_of_sync ...] [--second-face-bar 0.5,1.0] [--margin-box 1.1:0.21] [--set speaker.KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tasks.perception.asd_speaker as asd_speaker
+import tasks.perception.face_analysis as face_analysis
+from tasks.config import load_config
+from tasks.decision.gate import speaker_turns
+from tasks.decision.shot_decision import decide_shot
+from tasks.media.probe import probe
+from tasks.perception.face_analysis import ShotFaces
+from tasks.perception.speaker import SpeakerSegment
+from tasks.perception.voices import doubt_two_voices
+from tests.av_cases import av_cases, judge
+from tests.speaker_cases import SR, encode
+
+RULES = {"shot", "out_of_sync", "voice"}  # what --without can leave out
+# a variant's extra rule: (confident segments, network scores (n_tracks, T), agreement (n_tracks, steps), step)
+Hook = Callable[[list[SpeakerSegment], np.ndarray, np.ndarray, int], list[SpeakerSegment]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LiteCase:
+    """What `judge` reads of a case: its length, sound, truth and onsets (no frames kept)."""
+
+    frames: np.ndarray  # (T, 0): only the length is read
+    audio: np.ndarray
+    truth: tuple[tuple[int, int, int | None], ...]
+    onsets: tuple[int, ...]
+
+
+def _file(root: Path, name: str) -> Path:
+    return root / name.replace("/", "_")
+
+
+def record(splits: list[str], root: Path, cfg: Any) -> None:
+    """Each case through the bench's steps, its rule inputs written to ``root`` (existing records kept)."""
+    root.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, Any] = {}
+    real = face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames
+
+    def learned(scores, lead, change, speech_prob, fps, *rest):
+        seen.update(scores=scores, lead=lead, change=change, speech_prob=speech_prob, fps=fps)
+        return real[0](scores, lead, change, speech_prob, fps, *rest)
+
+    def fuse(agreed, learned_segs, n_frames, sync=None):
+        seen.update(agreed=[s.to_dict() for s in agreed], n_frames=n_frames)
+        return real[1](agreed, learned_segs, n_frames, sync)
+
+    def analyse(*args, **kw):  # the source's sound as the voice check embeds it, whether or not it runs
+        audio = kw.get("audio", args[7] if len(args) > 7 else None)
+        if audio is not None:
+            seen.update(voice=np.asarray(audio, np.float32))
+        return real[2](*args, **kw)
+
+    face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames = (
+        learned,
+        fuse,
+        analyse,
+    )
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for split in splits:  # one set at a time: a set's frames are ~1 GB
+                for name, case in av_cases((split,)).items():
+                    if _file(root, name).with_suffix(".json").is_file():
+                        continue
+                    seen.clear()
+                    info = probe(encode(Path(tmp) / "case.mp4", case.frames, case.audio))
+                    shot = decide_shot(0, 0, info.frame_count, info, case.audio, SR, cfg).faces
+                    who = {t.id: case.who(t.boxes[0]) for t in shot.tracks}
+                    turns = [
+                        (t.start, t.end, None if t.track is None else who[t.track], t.status)
+                        for t in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
+                    ]
+                    verdict = judge(case, turns)
+                    arrays = {
+                        k: np.asarray(seen[k])
+                        for k in ("scores", "lead", "change", "speech_prob", "voice")
+                        if k in seen
+                    }
+                    np.savez_compressed(_file(root, name).with_suffix(".npz"), audio=case.audio, **arrays)
+                    meta = {
+                        "name": name, "n": int(case.frames.shape[0]), "onsets": [int(v) for v in case.onsets],
+                        "truth": [(int(a), int(b), None if k is None else int(k)) for a, b, k in case.truth],
+                        "who": {str(k): int(v) for k, v in who.items()}, "shot": shot.to_dict(),
+                        "agreed": seen.get("agreed"), "n_frames": seen.get("n_frames"), "fps": seen.get("fps"),
+                        "verdict": verdict.result, "why": verdict.why,
+                    }  # fmt: skip
+                    _file(root, name).with_suffix(".json").write_text(json.dumps(meta))
+                    print(f"{name}: {verdict.result} ({verdict.why})", flush=True)
+    finally:
+        face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames = real
+
+
+class Replayer:
+    """The rules after the analysis, on one directory of records; voice embeddings computed once per span."""
+
+    def __init__(self, root: Path, cfg: Any) -> None:
+        self.cfg = cfg
+        self.cases = []
+        for meta_path in sorted(root.glob("*.json")):
+            meta = json.loads(meta_path.read_text())
+            with np.load(meta_path.with_suffix(".npz"), allow_pickle=False) as z:
+                meta["arrays"] = {k: z[k] for k in z.files}
+            self.cases.append(meta)
+        self._voices: dict[tuple[str, tuple[int, int]], np.ndarray] = {}
+
+    def _voices_of(self, meta: dict[str, Any]) -> Callable[[list[tuple[int, int]]], np.ndarray]:
+        def embed(spans):
+            missing = [s for s in spans if (meta["name"], s) not in self._voices]
+            if missing:
+                got = face_analysis._voices_of(meta["arrays"]["voice"], meta["fps"])(missing)
+                self._voices.update({(meta["name"], s): e for s, e in zip(missing, got, strict=True)})
+            return np.stack([self._voices[(meta["name"], s)] for s in spans])
+
+        return embed
+
+    def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
+        """One case's verdict with the named rules left out and ``hook`` run on the confident segments."""
+        if meta["agreed"] is None:  # no learned route ran (no face scored): as recorded
+            return meta["verdict"]
+        sp, arr, fps = self.cfg.speaker, meta["arrays"], meta["fps"]
+        asd_set = face_analysis.asd_settings(sp)
+        lead = arr["lead"]
+        learned = asd_speaker.find_asd_speakers(
+            arr["scores"],
+            lead,
+            arr["change"],
+            arr["speech_prob"],
+            fps,
+            face_analysis.speaker_settings(sp),
+            asd_set,
+        )
+        agreed = [SpeakerSegment.from_dict(d) for d in meta["agreed"]]
+        keep = asd_speaker.doubt_out_of_sync, asd_speaker.doubt_contradicted_shot
+        if "out_of_sync" in without:
+            asd_speaker.doubt_out_of_sync = lambda segs, sync: segs
+        if "shot" in without:
+            asd_speaker.doubt_contradicted_shot = lambda segs, *rest: segs
+        try:
+            segs = asd_speaker.fuse_asd(
+                agreed, learned, meta["n_frames"], asd_speaker.SyncEvidence(lead, asd_set, fps)
+            )
+        finally:
+            asd_speaker.doubt_out_of_sync, asd_speaker.doubt_contradicted_shot = keep
+        if "voice" not in arr:
+            without = without | {"voice"}
+        if "voice" not in without and sp.voice_min_cos > 0 and any(s.status == "speaker" for s in segs):
+            segs = doubt_two_voices(
+                segs, self._voices_of(meta), sp.voice_min_cos, round(sp.voice_min_s * fps), fps
+            )
+        if hook is not None:
+            shot_d = meta["shot"]
+            agree = np.array(
+                [[np.nan if v is None else v for v in row] for row in shot_d.get("agreement") or []]
+            )
+            segs = hook(segs, arr["scores"], agree.reshape(len(agree), -1), int(shot_d["step_frames"]))
+        segs = asd_speaker.name_likeliest(segs, lead)
+        shot = dataclasses.replace(ShotFaces.from_dict(meta["shot"]), segments=tuple(segs))
+        who = {int(k): v for k, v in meta["who"].items()}
+        turns = [
+            (t.start, t.end, None if t.track is None else who[t.track], t.status)
+            for t in speaker_turns(shot, sp.uncertain, sp.min_score)
+        ]
+        truth = tuple((a, b, k) for a, b, k in meta["truth"])
+        case = LiteCase(np.empty((meta["n"], 0)), arr["audio"], truth, tuple(meta["onsets"]))
+        return judge(case, turns).result  # type: ignore[arg-type]
+
+    def run(self, label: str, without: set[str] | None = None, hook: Hook | None = None,
+            base: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+        """Every case's verdict, counted and printed with the cases that differ from ``base``."""
+        got = {m["name"]: self.verdict(m, without or set(), hook) for m in self.cases}
+        n = collections.Counter(got.values())
+        print(f"{label}: {n['right']} right / {n['uncertain']} uncertain / {n['wrong']} wrong of {len(got)}")
+        for name in sorted(got):
+            if base is not None and got[name] != base[name]:
+                print(f"  {name}: {base[name]} -> {got[name]}")
+        return got
+
+
+def _span_means(rows: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Each row's mean over columns [a, b), NaN where a row has none there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a face absent over the span: NaN
+        return np.nanmean(rows[:, a:b], axis=1) if rows.size else np.zeros(0)
+
+
+def _doubt(segs: list[SpeakerSegment], rival: Callable[[SpeakerSegment], int | None]) -> list[SpeakerSegment]:
+    """Confident segments for which ``rival`` names a face made uncertain, that face the runner-up."""
+    out = []
+    for s in segs:
+        other = rival(s) if s.status == "speaker" and s.speaker is not None else None
+        if other is not None:
+            s = dataclasses.replace(s, status="uncertain", score=round(0.5 * s.score, 3), runner_up=other)
+        out.append(s)
+    return out
+
+
+def second_face_bar(bar: float) -> Hook:
+    """A confident segment beside another scored face whose mean network score over it reaches ``bar``
+    (two faces the network takes for speaking: the two-speaker case) becomes uncertain."""
+
+    def hook(segs, scores, agree, step):
+        def rival(s: SpeakerSegment) -> int | None:
+            means = _span_means(scores, s.start_frame, s.end_frame)
+            return next((j for j, m in enumerate(means) if j != s.speaker and m >= bar), None)
+
+        return _doubt(segs, rival)
+
+    return hook
+
+
+def margin_box(net: float, agr: float) -> Hook:
+    """A confident segment whose face leads every other scored face by at most ``net`` in mean network score,
+    and every other face by at most ``agr`` in mean agreement, over it (close on both routes) is uncertain."""
+
+    def hook(segs, scores, agree, step):
+        def rival(s: SpeakerSegment) -> int | None:
+            k, m = s.speaker, _span_means(scores, s.start_frame, s.end_frame)
+            a = _span_means(agree, s.start_frame // step, -(-s.end_frame // step))
+            scored = [j for j in range(len(m)) if j != k and not np.isnan(m[j])]
+            agreed = [j for j in range(len(a)) if j != k and not np.isnan(a[j])]
+            if k >= min(len(m), len(a)) or np.isnan(m[k]) or np.isnan(a[k]) or not scored or not agreed:
+                return None
+            j = max(scored, key=lambda j: m[j])
+            return j if m[k] - m[j] <= net and a[k] - max(a[o] for o in agreed) <= agr else None
+
+        return _doubt(segs, rival)
+
+    return hook
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("step", choices=("record", "replay"))
+    ap.add_argument("--dir", required=True, type=Path, help="the records' folder")
+    ap.add_argument(
+        "--splits", default="tune,held_out", help="record: comma-separated sets of tests/av_cases.py"
+    )
+    ap.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        help="replay: also without these rules (comma-separated of shot, out_of_sync, voice; repeatable)",
+    )
+    ap.add_argument(
+        "--second-face-bar", default="", help="replay: also with a second-face bar at these scores"
+    )
+    ap.add_argument(
+        "--margin-box", action="append", default=[], metavar="NET:AGR", help="replay: also with a margin box"
+    )
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    args = ap.parse_args()
+    cfg = load_config(overrides=args.set)
+    if args.step == "record":
+        record(args.splits.split(","), args.dir, cfg)
+        return
+    rep = Replayer(args.dir, cfg)
+    recorded = {m["name"]: m["verdict"] for m in rep.cases}
+    n = collections.Counter(recorded.values())
+    print(
+        f"recorded: {n['right']} right / {n['uncertain']} uncertain / {n['wrong']} wrong of {len(recorded)}"
+    )
+    base = rep.run("replayed, every rule", base=recorded)
+    for group in args.without:
+        rules = set(group.split(","))
+        if not rules <= RULES:
+            raise SystemExit(f"--without {group}: the rules are {', '.join(sorted(RULES))}")
+        rep.run(f"without {', '.join(sorted(rules))}", rules, base=base)
+    for bar in filter(None, args.second_face_bar.split(",")):
+        rep.run(f"second-face bar {bar}", hook=second_face_bar(float(bar)), base=base)
+    for box in args.margin_box:
+        net, agr = (float(v) for v in box.split(":"))
+        rep.run(f"margin box {net}:{agr}", hook=margin_box(net, agr), base=base)
+
+
+if __name__ == "__main__":
+    main()
