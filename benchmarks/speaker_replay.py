@@ -7,15 +7,17 @@ per face and frame, the still-picture test's rows, the speech probability, the s
 embeds, and the shot's analysis (`ShotFaces` JSON).  ``replay`` re-runs from there (`find_asd_speakers`,
 `fuse_asd` with its doubt rules, the voice rule, `name_likeliest`, the gate's turns, `judge`) and prints
 right / uncertain / wrong over the recorded cases, first with every rule (it must equal the recorded verdicts),
-then each variant asked for, with the cases that change (leaving rules out; or an extra rule on the confident
-segments: a bar on a second face's network score, or a box on both routes' margins).  ``--set speaker.KEY=VALUE`` applies to the replayed
-rules only (the analysis and the agreement route are as recorded).  Records are JSON + npz (no pickle), read
-back only by this tool.  CPU only; recording is ~3 s a case, replaying ~0.1 s.  Must not be imported by the
-pipeline.
+then each variant asked for, with the cases that change: rules left out, or an extra rule on the confident
+segments (a bar on a second face's network score, a box on both routes' margins).  ``--set speaker.KEY=VALUE``
+applies to the replayed rules only (the analysis and the agreement route are as recorded).  Records are JSON +
+npz (no pickle), the JSON written last and atomically (a case without it is recorded again), read back only by
+this tool.  CPU only: recording takes ~7 s a case (210 in 12 min as two processes on 2 cores), replaying all 210
+about a minute.  Must not be imported by the pipeline.
 
     PYTHONPATH=. python benchmarks/speaker_replay.py record --splits tune,held_out --dir /tmp/speaker_rec
     PYTHONPATH=. python benchmarks/speaker_replay.py replay --dir /tmp/speaker_rec \
-        [--without shot --without shot,out_of_sync ...] [--second-face-bar 0.5,1.0] [--margin-box 1.1:0.21] [--set speaker.KEY=VALUE ...]
+        [--without shot --without shot,out_of_sync ...] [--second-face-bar 0.5,1.0] [--margin-box 1.1:0.21] \
+        [--set speaker.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import tasks.perception.face_analysis as face_analysis
 from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
+from tasks.files import atomic_write_bytes
 from tasks.media.probe import probe
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
@@ -119,7 +122,7 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
                         "agreed": seen.get("agreed"), "n_frames": seen.get("n_frames"), "fps": seen.get("fps"),
                         "verdict": verdict.result, "why": verdict.why,
                     }  # fmt: skip
-                    _file(root, name).with_suffix(".json").write_text(json.dumps(meta))
+                    atomic_write_bytes(_file(root, name).with_suffix(".json"), json.dumps(meta).encode())
                     print(f"{name}: {verdict.result} ({verdict.why})", flush=True)
     finally:
         face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames = real
