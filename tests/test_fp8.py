@@ -49,7 +49,11 @@ def test_quantization_error_is_within_e4m3_rounding():
 
 def test_fp8_linear_emulation_is_dequantize_then_matmul():
     g = torch.Generator().manual_seed(1)
-    lin = nn.Linear(64, 32)
+    # a seeded init: the error bound below is on max|.| and 2 % of random inits exceed it (99th percentile 0.051
+    # over 1000), so an init from the global RNG failed by what ran before (0.055 in one full-suite run)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        lin = nn.Linear(64, 32)
     x = torch.randn(3, 5, 64, generator=g)
     f8 = Fp8Linear.from_linear(lin)
     out = f8(x)
