@@ -2,7 +2,7 @@
 
 For [B, 40, L, 128] (L = 32,760 at 480P, 75,600 at 720P; q/k/v laid out (B, L, H, D) in memory as
 the DiT produces them) it times SDPA flash, SDPA cuDNN, the cuDNN frontend bf16 inference graph
-(`model.cudnn_attention`, backend `cudnn`) and its fp8 graph (backend `cudnn_fp8`: kernel alone on
+(`model.network.cudnn_attention`, backend `cudnn`) and its fp8 graph (backend `cudnn_fp8`: kernel alone on
 pre-quantized inputs, and with the per-tensor quantization of q/k/v in eager torch ops, i.e. the
 unfused worst case). Error: relative L2 (||o - ref|| / ||ref||) and max |o - ref| / max |ref| of the
 first `--check-queries` query rows against a float32 reference over all keys. Inputs: q and k are
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model import cudnn_attention as ca  # noqa: E402
+from model.network import cudnn_attention as ca  # noqa: E402
 
 TOKENS = {"480p": 21 * 30 * 52, "720p": 21 * 45 * 80}
 

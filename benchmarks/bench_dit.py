@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.config import DiTConfig, dit_preset
-from model.dit import InfiniteTalkDiT
+from model.network.dit import InfiniteTalkDiT
 
 SIZES = {"480p": (60, 104), "720p": (90, 160)}  # latent h, w (pixels / 8)
 
@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--speakers", default="1", help="comma list, e.g. 1,2")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--backend", default="sdpa", help="attention backend name (model.attention)")
+    ap.add_argument("--backend", default="sdpa", help="attention backend name (model.network.attention)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():

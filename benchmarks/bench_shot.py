@@ -110,12 +110,12 @@ def real_size_models(work: Path, with_t5: bool) -> dict[str, Any]:
     from bench_vae import random_vae
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-    from model.clip import CLIP_CONFIGS, ClipImageEncoder, build_clip
     from model.config import dit_preset
-    from model.t5 import T5_CONFIGS, T5TextEncoder, build_umt5, load_tokenizer
-    from model.tiny import write_tiny_tokenizer
-    from model.vae_net import VAEConfig
-    from model.wav2vec import AudioEncoder
+    from model.network.clip import CLIP_CONFIGS, ClipImageEncoder, build_clip
+    from model.network.t5 import T5_CONFIGS, T5TextEncoder, build_umt5, load_tokenizer
+    from model.network.vae_net import VAEConfig
+    from model.network.wav2vec import AudioEncoder
+    from model.weights.tiny import write_tiny_tokenizer
 
     out: dict[str, Any] = {"dit": build_random_model(dit_preset("infinitetalk-14b"))}
     out["vae"] = random_vae(VAEConfig(dim=96, z_dim=16), "cuda", torch.float32)
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides.append("infinitetalk.batch_branches=true")
     t0 = time.perf_counter()
     if args.tiny:
-        from model.tiny import write_tiny_root
+        from model.weights.tiny import write_tiny_root
 
         root = write_tiny_root(work / "weights")
         overrides += [f"infinitetalk.weights={root}", "infinitetalk.device=cpu"]

@@ -36,17 +36,17 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a plain checkout too
 
-from model.conditioning import Conditioning, speaker_masks
 from model.config import DIT_PRESETS, DiTConfig
-from model.dit import InfiniteTalkDiT
-from model.parallel import RankZeroCodec, SequenceParallel
-from model.sampler import sampler_preset
-from model.shot_worker import free_port
-from model.stream import stream_generate
-from model.vae import WanVAE
+from model.network.dit import InfiniteTalkDiT
+from model.network.parallel import RankZeroCodec, SequenceParallel
+from model.network.vae import WanVAE
 
 # name -> (latent frames, latent h, latent w); chunk pixels are 8x the latent size
-from model.vae_net import VAE_CONFIGS, CausalVAE
+from model.network.vae_net import VAE_CONFIGS, CausalVAE
+from model.runtime.shot_worker import free_port
+from model.sampling.conditioning import Conditioning, speaker_masks
+from model.sampling.sampler import sampler_preset
+from model.sampling.stream import stream_generate
 
 SIZES = {"480p": (21, 60, 104), "720p": (21, 90, 160)}
 TINY_SIZES = {"tiny": (5, 4, 6)}

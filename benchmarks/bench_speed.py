@@ -9,20 +9,20 @@ would not cover it; skipped and failed sections are listed in the output):
   bf16       480P forward: eager with plain SDPA (the old path), eager with the `auto` backend
              (cuDNN first), regional `torch.compile` of the blocks; a kernel profile of the compiled
              forward; full sampling steps (3-call and 2-call guidance, sequential vs batched
-             branches, through `model.sampler.denoise_chunk`); 720P forward
+             branches, through `model.sampling.sampler.denoise_chunk`); 720P forward
   teacache   the cost of a reused (skipped) call and the share of computed calls over a 40-step
              schedule under the official rule (random weights: the share is this model's, not a
              trained one's)
-  fp8        the same model converted in place (`model.fp8.convert_to_fp8`): eager (quantization
+  fp8        the same model converted in place (`model.weights.fp8.convert_to_fp8`): eager (quantization
              unfused) and compiled forward, drift vs the bf16 output, steps, 720P
   fp8attn    bf16 and fp8-GEMM forwards with self-attention as cuDNN's fp8 kernel (backend
-             `cudnn_fp8`, `model.cudnn_attention`), drift vs the bf16 compiled output, kernel profile;
+             `cudnn_fp8`, `model.network.cudnn_attention`), drift vs the bf16 compiled output, kernel profile;
              with --fp8-attention the later sections keep that backend
-  offload    fp8 blocks streamed from pinned host memory (`model.offload.BlockOffload`) under a
+  offload    fp8 blocks streamed from pinned host memory (`model.runtime.offload.BlockOffload`) under a
              24 GiB cap (`torch.cuda.set_per_process_memory_fraction`)
   vae        Wan VAE encode / decode of 81 frames at 480P, fp32 and bf16 (`bench_vae.random_vae`)
   encoders   CLIP ViT-H/14 on one frame (per chunk) and umT5-XXL on 512 tokens (per shot)
-  chunk      whole chunks through `model.stream.stream_generate` (fast mode: 4 steps, fp8, 1 call)
+  chunk      whole chunks through `model.sampling.stream.stream_generate` (fast mode: 4 steps, fp8, 1 call)
              with split DiT / VAE / encoders, CPU post-processing inline vs on a `Prefetcher`
              thread, and GPU idle %; quality mode (40 steps, 3 calls) composed from measured parts
 
@@ -59,18 +59,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_dit import SIZES, build_random_model, forward_flops  # noqa: E402
 from bench_vae import random_vae  # noqa: E402
 
-from model.compile import compile_blocks, compiled_graph_count  # noqa: E402
-from model.conditioning import Conditioning  # noqa: E402
 from model.config import DIT_PRESETS, DiTConfig  # noqa: E402
-from model.dit import InfiniteTalkDiT  # noqa: E402
-from model.dit_blocks import sinusoidal_embedding  # noqa: E402
-from model.fp8 import convert_to_fp8, quantize_rows  # noqa: E402
-from model.offload import BlockOffload  # noqa: E402
-from model.prefetch import Prefetcher  # noqa: E402
-from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule  # noqa: E402
-from model.stream import stream_generate  # noqa: E402
-from model.teacache import TeaCache, TeaCacheConfig  # noqa: E402
-from model.vae_net import VAEConfig  # noqa: E402
+from model.network.dit import InfiniteTalkDiT  # noqa: E402
+from model.network.dit_blocks import sinusoidal_embedding  # noqa: E402
+from model.network.teacache import TeaCache, TeaCacheConfig  # noqa: E402
+from model.network.vae_net import VAEConfig  # noqa: E402
+from model.runtime.compile import compile_blocks, compiled_graph_count  # noqa: E402
+from model.runtime.offload import BlockOffload  # noqa: E402
+from model.runtime.prefetch import Prefetcher  # noqa: E402
+from model.sampling.conditioning import Conditioning  # noqa: E402
+from model.sampling.sampler import SamplerSettings, denoise_chunk, timestep_schedule  # noqa: E402
+from model.sampling.stream import stream_generate  # noqa: E402
+from model.weights.fp8 import convert_to_fp8, quantize_rows  # noqa: E402
 
 GIB = 2**30
 T_START = time.perf_counter()  # the budget counts from process start (imports included)
@@ -356,7 +356,7 @@ class Run:
     def build(self) -> dict:
         t0 = time.perf_counter()
         if self.tiny:
-            from model.tiny import random_dit_state
+            from model.weights.tiny import random_dit_state
 
             model = InfiniteTalkDiT(self.config)
             model.load_state_dict(random_dit_state(self.config, seed=0))
@@ -680,7 +680,7 @@ class Run:
 
     def encoders(self) -> dict:
         out = {}
-        from model.clip import CLIP_CONFIGS, ClipImageEncoder, build_clip
+        from model.network.clip import CLIP_CONFIGS, ClipImageEncoder, build_clip
 
         name = "tiny-1280" if self.tiny else "vit-h-14"
         with torch.device(self.device):
@@ -692,7 +692,7 @@ class Run:
         out["clip"] = r
         self.state["clip"] = clip
         if not self.tiny and self.remaining() > 120:
-            from model.t5 import T5Config, build_umt5
+            from model.network.t5 import T5Config, build_umt5
 
             with torch.device(self.device):
                 t5 = build_umt5(T5Config()).to(torch.bfloat16).eval()
@@ -728,7 +728,7 @@ class Run:
 
         class TimedDiT:
             """fast mode without guidance: at text/audio scales 1 the sampler makes one `cond` call per
-            step (`model.guidance.guidance_branches`); this only times it."""
+            step (`model.sampling.guidance.guidance_branches`); this only times it."""
 
             def __call__(self, x, *, t, context, clip_fea, y, audio, ref_target_masks, **kw):
                 with meter.region("dit"):

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from model.tiling import TileSpec
-from model.vae import WanVAE
-from model.vae_net import CausalVAE, VAEConfig
+from model.network.tiling import TileSpec
+from model.network.vae import WanVAE
+from model.network.vae_net import CausalVAE, VAEConfig
 
 SIZES = {"480p": (480, 832), "720p": (720, 1280)}
 TINY_SIZES = {"32x48": (32, 48)}

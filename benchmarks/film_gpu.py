@@ -51,7 +51,7 @@ sys.path.insert(0, str(PROJECT / "benchmarks"))
 from film_make import make_film  # noqa: E402
 from film_report import collect, figures, render_report, run_checks, workspace_of  # noqa: E402
 
-from flows.workspace import read_attempts  # noqa: E402
+from tasks.run.workspace import read_attempts  # noqa: E402
 from tests.stack import DeploymentRun, Stack, running_stack, stack_processes  # noqa: E402
 
 log = logging.getLogger("film_gpu")

@@ -50,8 +50,8 @@ def _run(r: Any) -> dict[str, Any]:
 
 
 def workspace_of(root: Path) -> Any:
-    from flows.workspace import Workspace
     from tasks.files import read_json
+    from tasks.run.workspace import Workspace
 
     (path,) = root.glob("film-*")
     manifest = read_json(path / "workspace.json")
@@ -74,8 +74,8 @@ def collect(stack: Any, manifest: dict[str, Any], result: dict[str, Any]) -> dic
 
     from flows.film_tasks import film_tag
     from flows.shot_task import QC_RECORD
-    from flows.workspace import read_attempts, read_group_loads, read_shot_done
     from tasks.media.intermediates import read_marker
+    from tasks.run.workspace import read_attempts, read_group_loads, read_shot_done
 
     ws = workspace_of(stack.workspace)
     tag = film_tag(manifest["film"])

@@ -1,7 +1,7 @@
 """GPU smoke run of the product: a real-size random weights root on local disk, then one shot through
 the product's per-shot path (`tasks.render.shot.render_shot_result` + the InfiniteTalk backend) per config.
 
-What runs is what a user runs: `model.loading.load_models` reads the root (safetensors mmap, LoRA merge,
+What runs is what a user runs: `model.weights.loading.load_models` reads the root (safetensors mmap, LoRA merge,
 fp8 conversion, compile, the `offload: auto` decision, VAE), the backend's default settings apply, and
 only these are set: the weights root and `infinitetalk.mode` (the product default is tiny mode),
 `gate.policy: all` + `region.mode: full` (the test pattern has no face), `qc.enabled: false` (QC

@@ -1,6 +1,6 @@
 """A REAL-SIZE random weights root in the official layout, written to local disk for GPU smoke runs.
 
-`write_real_root(root)` writes every file `model.loading.load_models` reads, at the real Wan2.1-I2V-14B /
+`write_real_root(root)` writes every file `model.weights.loading.load_models` reads, at the real Wan2.1-I2V-14B /
 InfiniteTalk sizes with random values (no weights are downloaded), so the product's own loader, fp8
 conversion, LoRA merge, compile, offload decision and VAE run exactly as for a user:
   * DiT 14B (40 blocks, dim 5120) as 7 safetensors shards + index + `InfiniteTalk/single/infinitetalk.safetensors`
@@ -13,7 +13,7 @@ conversion, LoRA merge, compile, offload decision and VAE run exactly as for a u
   * optionally a rank-64 step-distill LoRA in the lightx2v format (`lora_down`/`lora_up`/`alpha` under
     `diffusion_model.`) for the fast preset: random, so the merge runs but distils nothing.
 Large tensors are drawn on `device` (a GPU when there is one) and written shard by shard, so the host
-never holds more than one shard. `tiny=True` writes the project's tiny root instead (model/tiny.py),
+never holds more than one shard. `tiny=True` writes the project's tiny root instead (model/weights/tiny.py),
 plus a tiny LoRA of the same format: a CPU smoke test of the scripts that use this. Not a model:
 random weights produce noise, never a dub. Holds no timing or benchmark logic.
 """
@@ -53,9 +53,9 @@ def _random(name: str, shape: tuple[int, ...], gen: torch.Generator, device: str
 def write_dit(root: Path, device: str, seed: int = 0) -> int:
     """The 14B DiT as `DIT_SHARDS` bf16 shards + index + the InfiniteTalk audio file; returns bytes written."""
     from model.config import DIT_PRESETS
-    from model.dit import InfiniteTalkDiT
-    from model.tiny import dit_config_json, is_audio_key
-    from model.weights import DIT_STEM, WeightsLayout
+    from model.network.dit import InfiniteTalkDiT
+    from model.weights.layout import DIT_STEM, WeightsLayout
+    from model.weights.tiny import dit_config_json, is_audio_key
 
     layout = WeightsLayout()
     wan = root / layout.wan_dir
@@ -101,7 +101,7 @@ def _split(items: list[tuple[str, tuple[int, ...]]], n: int) -> list[list[tuple[
 
 def write_t5(path: Path, device: str, seed: int = 2) -> int:
     """The umT5-XXL encoder with the official key names (bf16), saved like the official .pth."""
-    from model.t5 import T5_CONFIGS
+    from model.network.t5 import T5_CONFIGS
 
     c = T5_CONFIGS["umt5-xxl"]
     shapes: list[tuple[str, tuple[int, ...]]] = [("token_embedding.weight", (c.vocab_size, c.dim))]
@@ -127,7 +127,7 @@ def write_lora(
 ) -> Path:
     """A random lightx2v-format LoRA over every block linear (bf16 factors, alpha = rank, small updates)."""
     from model.config import DIT_PRESETS
-    from model.dit import InfiniteTalkDiT
+    from model.network.dit import InfiniteTalkDiT
 
     config = DIT_PRESETS["infinitetalk-14b"] if dim == 5120 else DIT_PRESETS["tiny"]
     with torch.device("meta"):
@@ -155,14 +155,14 @@ def write_real_root(
     root: Path | str, *, device: str | None = None, lora: bool = True, tiny: bool = False
 ) -> dict:
     """Write the whole root (see the module doc); returns {"root", "lora", "bytes", "write_s"}."""
-    from model.tiny import (
+    from model.weights.layout import WeightsLayout
+    from model.weights.tiny import (
         write_tiny_clip,
         write_tiny_root,
         write_tiny_tokenizer,
         write_tiny_vae,
         write_tiny_wav2vec,
     )
-    from model.weights import WeightsLayout
 
     t0 = time.perf_counter()
     root = Path(root)
@@ -199,18 +199,18 @@ def write_gguf_root(
     root: Path | str, base: Path | str, tag: str, *, seed: int = 0, tiny: bool = False
 ) -> dict:
     """A random GGUF root for `infinitetalk.quant: gguf-<tag>` next to a written `base` root: the DiT as
-    the GGUF pair of `model.weights.WeightsLayout` (random valid blocks of `tag`'s type, written tensor
-    by tensor, `model.gguf_write.write_gguf_stream`; floats fan-in scaled as `_random`), everything else
+    the GGUF pair of `model.weights.layout.WeightsLayout` (random valid blocks of `tag`'s type, written tensor
+    by tensor, `model.weights.gguf_write.write_gguf_stream`; floats fan-in scaled as `_random`), everything else
     (config.json, VAE, umT5, tokenizer, CLIP, wav2vec2) symlinked from `base`. `tiny`: the tiny DiT
     (`base` must be a tiny root). Returns {"root", "bytes", "write_s"}."""
     import numpy as np
 
     from model.config import DIT_PRESETS
-    from model.dit import InfiniteTalkDiT
-    from model.gguf import BLOCKS
-    from model.gguf_write import TYPES, random_quantized, write_gguf_stream
-    from model.tiny import is_audio_key
-    from model.weights import WeightsLayout
+    from model.network.dit import InfiniteTalkDiT
+    from model.weights.gguf import BLOCKS
+    from model.weights.gguf_write import TYPES, random_quantized, write_gguf_stream
+    from model.weights.layout import WeightsLayout
+    from model.weights.tiny import is_audio_key
 
     t0 = time.perf_counter()
     root, base = Path(root), Path(base)

@@ -17,8 +17,8 @@ def vae_drift(args: argparse.Namespace) -> dict[str, Any]:
     encode + decode seconds of each, and the bf16 drift (relative L2 vs float32) of latents and pixels."""
     import torch
 
-    from model.vae import load_vae
-    from model.weights import WeightsLayout
+    from model.network.vae import load_vae
+    from model.weights.layout import WeightsLayout
     from tasks.media.frames import read_frames
     from tasks.media.probe import probe
 
@@ -77,7 +77,7 @@ def reference_reuse(vae: Any, video: Any, cuda: bool) -> dict[str, Any]:
     `encode_reference` (first call fills the memo, second reuses it): seconds, and bit-identity."""
     import torch
 
-    from model.vae_net import ZeroTailMemo
+    from model.network.vae_net import ZeroTailMemo
 
     memo, out = ZeroTailMemo(), {}
     n = video.shape[2]

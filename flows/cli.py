@@ -13,10 +13,10 @@ Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain cal
 `plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`
 (`<key>: <problem>` for a config value), and exit with status 1 (no traceback; `--debug` shows it).
 `dub` checks before Prefect starts what would otherwise fail late: config values, the output path
-(anywhere its user says, never a file dubflow did not write; the output roots of `flows/outputs.py`
+(anywhere its user says, never a file dubflow did not write; the output roots of `tasks/run/outputs.py`
 confine only the deployment's `out` parameter), the delivery pixel format against the film's frame
 size, the dub's and the mix's lengths against the picture, stems, cast and plan file. A run's log file
-(`flows/run_log.py`) holds the tracebacks; the error line of a failed run names it.
+(`tasks/run/run_log.py`) holds the tracebacks; the error line of a failed run names it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.run_log import FORMAT, console_handler
+from tasks.run.run_log import FORMAT, console_handler
 
 log = logging.getLogger("dubflow")
 
@@ -254,10 +254,10 @@ def _check_dub_inputs(args: argparse.Namespace, cfg: Any) -> dict[str, str]:
 def cmd_dub(args: argparse.Namespace) -> int:
     extra = [f"backend.name={args.backend}"] if args.backend else []
     cfg = _config(args, extra)
-    from flows.outputs import local_output, local_output_allowed
     from tasks.media.assemble import check_output_path
     from tasks.media.profiles import check_container
     from tasks.render.preflight import check_config
+    from tasks.run.outputs import local_output, local_output_allowed
 
     # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
     check_config(cfg)
@@ -266,7 +266,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
     local_output(args.out)  # anywhere the user says; never a file dubflow did not write
     stems = _check_dub_inputs(args, cfg)
     from flows.film_tasks import workspace_root
-    from flows.run_log import log_path, run_log
+    from tasks.run.run_log import log_path, run_log
 
     with (
         run_log(log_path(workspace_root(cfg), args.source)),
@@ -294,7 +294,7 @@ def cmd_dub(args: argparse.Namespace) -> int:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from model.weights import download_weights, has_multi, verify_weights
+    from model.weights.layout import download_weights, has_multi, verify_weights
 
     if args.weights_command == "verify":
         problems = verify_weights(Path(args.dir), args.mode, args.quant, multi=args.multi)
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else logging.INFO
     if args.debug:
         logging.basicConfig(level=level, format=FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
-    else:  # tracebacks go to the run's log file (flows/run_log.py), not to the console
+    else:  # tracebacks go to the run's log file (tasks/run/run_log.py), not to the console
         logging.basicConfig(level=level, handlers=[console_handler(level)])
     for noisy in ("httpx", "httpcore"):  # Prefect's API client logs every request at INFO
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -12,7 +12,7 @@ The flows only orchestrate: the film preparation is `flows/prepare.py`'s `prepar
 `dubflow estimate` and `dubflow plan`; its steps as the film-level tasks of `flows/film_tasks.py`:
 `flows/film_steps.py`), the per-shot task in
 `flows/shot_task.py`, the group runners in `flows/runners.py`, the shot and group tables in
-`flows/report.py`, the workspace and its markers in `flows/workspace.py`, UI artifacts in
+`flows/report.py`, the workspace and its markers in `tasks/run/workspace.py`, UI artifacts in
 `flows/progress.py`, media work in `tasks/`. This module keeps the two flows (the deployments'
 entrypoints), the `run_group` task that starts a `dub-group` child run, and the film sequence
 (`run_pipeline`: checks, `prepare_film`, `render_groups`, `deliver`). Resume is file based and Prefect based at once: each shot's `done.json` in its result
@@ -62,24 +62,12 @@ from flows.film_tasks import (
 )
 from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
 from flows.groups import GpuCost, ShotCost, plan_groups
-from flows.inputs import check_inputs_unchanged, input_identity
-from flows.outputs import confine_output, output_comment
 from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
-from flows.run_lock import hold_lock
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
-from flows.workspace import (
-    Workspace,
-    mark_shot_failed,
-    read_shot_done,
-    read_shot_failed,
-    shot_done,
-    stable_hash,
-)
-from flows.workspace_roots import confine_workspace_root
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
@@ -89,6 +77,18 @@ from tasks.media.profiles import check_container
 from tasks.render.backend import BACKENDS
 from tasks.render.preflight import check_config
 from tasks.render.shot import PREVIEW_LABEL
+from tasks.run.inputs import check_inputs_unchanged, input_identity
+from tasks.run.outputs import confine_output, output_comment
+from tasks.run.run_lock import hold_lock
+from tasks.run.workspace import (
+    Workspace,
+    mark_shot_failed,
+    read_shot_done,
+    read_shot_failed,
+    shot_done,
+    stable_hash,
+)
+from tasks.run.workspace_roots import confine_workspace_root
 from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ def deliver(
 ) -> dict[str, str]:  # fmt: skip
     """The film assembled from the verified shot results, its edit-suite timeline, the workspace removed
     when `workspace.keep` is off: {"output", "timeline"}. `dest`: the claimed output
-    (`flows.outputs.claim_output`), re-checked at each final rename."""
+    (`tasks.run.outputs.claim_output`), re-checked at each final rename."""
     name, cfgd, rows = Path(film["source"]).name, film["config"], rendered.rows
     paths = [r["output"] for r in rows]
     files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
@@ -438,7 +438,7 @@ def dub_film(
     """Dub `source` with the dialogue track `audio` (and optional final `mix`) into `out`.
 
     `config` is a (partial) nested config dict applied over `configs/default.yaml`; `out` defaults to
-    `out/<stem>.dubbed.mp4` and must resolve under an output root (`flows/outputs.py`, set on the host
+    `out/<stem>.dubbed.mp4` and must resolve under an output root (`tasks/run/outputs.py`, set on the host
     running this flow, never by a parameter); `overwrite` lets it replace an earlier dubflow output of
     another film or pass (never a file dubflow did not write). `fanout`: see the module docstring.
     `plan`: an edited shot plan file (`dubflow plan --out`) whose per-shot overrides apply. `preview`:

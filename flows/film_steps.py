@@ -28,12 +28,12 @@ from flows.film_tasks import (
     probe_source,
     timeline_paths,
 )
-from flows.outputs import claim_output
-from flows.run_lock import hold_lock
-from flows.workspace import MANIFEST, RUN_LOCK, Workspace
 from tasks.config import PipelineConfig
 from tasks.media.profiles import check_size, delivery
 from tasks.render.preflight import check_frame_size
+from tasks.run.outputs import claim_output
+from tasks.run.run_lock import hold_lock
+from tasks.run.workspace import MANIFEST, RUN_LOCK, Workspace
 
 
 def _lock_workspace(
@@ -68,7 +68,7 @@ class FlowSteps:
     ws: Workspace | None = None
     video: dict[str, Any] | None = None
     mix_action: str | None = None  # the final mix's length check ('ok', 'pad', 'trim')
-    dest: Any = None  # the claimed output (`flows.outputs.claim_output`), set by `open`
+    dest: Any = None  # the claimed output (`tasks.run.outputs.claim_output`), set by `open`
 
     def __post_init__(self) -> None:
         self.cfgd, self.name = self.cfg.to_dict(), Path(self.source).name

@@ -2,7 +2,7 @@
 plans, shot keys, the speaker-aware dub decisions (CPU, before any GPU work) and the final assembly,
 plus the small helpers that name a film's output, workspace root and artifact tag.
 
-Each task is one step over `tasks/` (media work) or `flows/workspace.py` (markers); nothing per shot or
+Each task is one step over `tasks/` (media work) or `tasks/run/workspace.py` (markers); nothing per shot or
 per group lives here (that is `flows/shot_task.py` and `flows/runners.py`), and no flow.
 """
 
@@ -17,9 +17,7 @@ from typing import Any
 from prefect import task
 
 from flows.progress import artifact_key
-from flows.run_files import BadRunFile, read_run_file
 from flows.runtime import run_logger
-from flows.workspace import DONE, Workspace, film_fingerprint, open_workspace, stable_hash, verify_shot_done
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
@@ -33,6 +31,15 @@ from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import backend_model_size, backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
+from tasks.run.run_files import BadRunFile, read_run_file
+from tasks.run.workspace import (
+    DONE,
+    Workspace,
+    film_fingerprint,
+    open_workspace,
+    stable_hash,
+    verify_shot_done,
+)
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 from tasks.timeline.plan import plan_film
 from tasks.timeline.shot_key import shot_config, shot_inputs
@@ -338,12 +345,12 @@ def assemble_film(
 ) -> str:
     """Join the shots, encode once, mux the dubbed audio, write `out` atomically.
 
-    `dest`: the output folder and files as `flows.outputs.claim_output` found them (checked again
+    `dest`: the output folder and files as `tasks.run.outputs.claim_output` found them (checked again
     at the final rename); `key`: the workspace key the delivery record names.
 
     `records`: the shots' file records from their done markers, each verified before use (a shot
     that fails is marked not done, so a re-run renders it again). `stamp`: the output's container
-    comment (`flows.outputs.output_comment`: the dubflow stamp, plus the preview label of a preview).
+    comment (`tasks.run.outputs.output_comment`: the dubflow stamp, plus the preview label of a preview).
     Skipped when `out` is the file this workspace last assembled from the same shot files, audio and
     encode settings (`assembled.json`): re-running a finished film costs no second encode.
     """

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.workspace import Workspace, shot_done, stable_hash
 from tasks.errors import DubflowError
+from tasks.run.workspace import Workspace, shot_done, stable_hash
 
 log = logging.getLogger(__name__)
 

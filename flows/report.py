@@ -14,7 +14,7 @@ from typing import Any
 from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.progress import artifact_key
-from flows.workspace import Workspace, read_group_loads, read_shot_done, read_shot_failed
+from tasks.run.workspace import Workspace, read_group_loads, read_shot_done, read_shot_failed
 
 
 def shot_rows(

@@ -22,14 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from flows.progress import ShotProgress, artifact_key, shot_run_name
-from flows.run_lock import hold_lock
 from flows.runtime import run_logger, where_am_i
-from flows.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
 from tasks.media.intermediates import read_marker, write_marker
 from tasks.render.backend import Backend, backend_warm_up, get_backend, planned_shot
 from tasks.render.shot import ShotJob, prepare_decision, render_shot_result, write_job_qc
+from tasks.run.run_lock import hold_lock
+from tasks.run.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.timeline.shot_key import shot_config
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ Holds `CheckpointError`, key previews, `read_json`, the safetensors readers (`sa
 for `torch.save` files, `check_keys`, and `strict_assign`, THE one way a state dict goes into a
 (meta-built) module: keys and shapes checked first, floats cast, tensors moved, errors naming the
 file and every bad key. It must not know any component (no model classes, no layouts): it imports
-nothing from `model/`, so every loader can import it from below (`model.dit_loader`, `model.vae`,
-`model.t5`, `model.clip`, `model.quant`, ...).
+nothing from `model/`, so every loader can import it from below (`model.weights.dit_loader`, `model.network.vae`,
+`model.network.t5`, `model.network.clip`, `model.weights.quant`, ...).
 """
 
 from __future__ import annotations

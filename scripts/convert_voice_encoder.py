@@ -1,5 +1,5 @@
 """Convert Resemblyzer's voice-encoder checkpoint (`resemblyzer/pretrained.pt` inside the `Resemblyzer==0.1.4`
-wheel on PyPI, Apache-2.0) into `model/assets/ge2e_voice.safetensors` (`model/voice_id.py`): the LSTM and linear
+wheel on PyPI, Apache-2.0) into `model/speaker/assets/ge2e_voice.safetensors` (`model/speaker/voice_id.py`): the LSTM and linear
 tensors cast to float16 (2.9 MB); the GE2E loss's two similarity scalars and the optimiser state, training-only,
 are left out.  Run once, by hand:
 
@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model.voice_id import WEIGHTS, VoiceEncoder
+from model.speaker.voice_id import WEIGHTS, VoiceEncoder
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import save_file
 
-from model.wav2vec import load_wav2vec
+from model.network.wav2vec import load_wav2vec
 
 SEED, RATE, SECONDS = 2027, 44100, 1.3
 

@@ -32,7 +32,7 @@ from prefect.client.schemas.filters import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flows.progress import attempt_phases
-from flows.workspace import Workspace, read_attempts
+from tasks.run.workspace import Workspace, read_attempts
 
 
 def report(film_run_id: UUID) -> dict[str, Any]:

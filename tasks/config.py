@@ -96,7 +96,7 @@ class WorkspaceConfig:
 
 @dataclass(frozen=True)
 class ChecksConfig:
-    """Early checks, locks and timeouts (`tasks.render.preflight`, `flows.run_lock`); never part of the workspace key."""
+    """Early checks, locks and timeouts (`tasks.render.preflight`, `tasks.run.run_lock`); never part of the workspace key."""
 
     ffv1_ratio: float  # FFV1 intermediate size / raw RGB size, for the free-disk estimate
     lock_wait_s: float  # a second run of the same workspace waits this long for the first one
@@ -157,7 +157,7 @@ class InfiniteTalkConfig:
     quant: Literal[
         "none", "fp8", "int8", "gguf-Q8_0", "gguf-Q6_K", "gguf-Q5_K", "gguf-Q5_K_M", "gguf-Q5_K_S",
         "gguf-Q4_K", "gguf-Q4_K_M", "gguf-Q4_K_S", "gguf-F16", "gguf-BF16",
-    ]  # fmt: skip  # gguf-<tag>: a GGUF DiT (model.weights.GGUF_QUANTS)
+    ]  # fmt: skip  # gguf-<tag>: a GGUF DiT (model.weights.layout.GGUF_QUANTS)
     loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
     t5_cpu: bool
     prompt: str

@@ -2,7 +2,7 @@
 
 Readers of any of these files see the old content or the whole new one, never a torn write; errors
 name the file (`WorkspaceError`). Plain JSON views of configs and records (`jsonable`) are what
-workspace keys hash. No workspace layout and no Prefect here: `flows.workspace` builds on this.
+workspace keys hash. No workspace layout and no Prefect here: `tasks.run.workspace` builds on this.
 """
 
 from __future__ import annotations

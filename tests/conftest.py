@@ -21,7 +21,7 @@ from tests.stack import Stack, running_stack
 # Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
 # server's telemetry otherwise logs "database is locked" noise.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Tests write their outputs anywhere under the temp folder (flows/outputs.py confines `out` to the output
+# Tests write their outputs anywhere under the temp folder (tasks/run/outputs.py confines `out` to the output
 # roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
 os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
 os.environ.setdefault("DUBFLOW_WORKSPACE_ROOTS", tempfile.gettempdir())  # workspace.root, confined alike

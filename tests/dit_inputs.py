@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from model.config import DiTConfig
-from model.sampler import SamplerSettings, denoise_chunk, timestep_schedule
+from model.sampling.sampler import SamplerSettings, denoise_chunk, timestep_schedule
 
 
 def chunk_inputs(cfg: DiTConfig, speakers: int = 1, seed: int = 0) -> dict:

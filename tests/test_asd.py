@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flows.report import speaker_columns
-from model.light_asd import load_light_asd
+from model.speaker.light_asd import load_light_asd
 from tasks.config import load_config
 from tasks.perception.asd import PAD_GREY, FaceCrops, asd_scores, clock, crop_face
 from tasks.perception.asd_speaker import AsdSettings, SyncEvidence, find_asd_speakers, fuse_asd

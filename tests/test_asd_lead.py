@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from model.light_asd import load_light_asd
+from model.speaker.light_asd import load_light_asd
 from tasks.config import load_config
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe

@@ -94,7 +94,7 @@ def test_two_stems_speaking_at_once_run_the_two_person_model_on_their_faces(tmp_
     """The whole chain on real footage: stems → characters → a two-speaker region (planning) → the InfiniteTalk
     backend in tiny mode (the tiny root holds the multi checkpoint) runs the shot with two audio streams and
     each person's mask on that person's face; the one-speaker shot runs with one stream."""
-    from model.dit import InfiniteTalkDiT
+    from model.network.dit import InfiniteTalkDiT
     from tests.speaker_cases import side_of
 
     files = write_short_film(tmp_path)

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from model.checkpoint import CheckpointError, check_keys, read_safetensors_index, safetensors_keys
 from model.config import DIT_PRESETS
-from model.dit_loader import load_dit
-from model.tiny import is_audio_key, write_tiny_dit
+from model.weights.dit_loader import load_dit
+from model.weights.tiny import is_audio_key, write_tiny_dit
 
 CFG = DIT_PRESETS["tiny"]
 STEM = "diffusion_pytorch_model"

@@ -274,7 +274,7 @@ def test_final_mix_is_muxed_with_the_language_tag(good, tmp_path: Path, capsys):
 
 
 def test_weights_verify_reports_problems(tmp_path: Path, capsys):
-    pytest.importorskip("model.weights")
+    pytest.importorskip("model.weights.layout")
     rc = main(["weights", "verify", str(tmp_path / "none")])
     captured = capsys.readouterr()
     assert rc == 1 and captured.err.strip().startswith(f"dubflow: error: {tmp_path / 'none'}")
@@ -289,7 +289,7 @@ def _dub(good, out: Path, tmp: Path, *extra: str, src: Path | None = None) -> in
 
 
 def test_local_dub_writes_where_its_user_says(good, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
-    from flows.outputs import ROOTS_ENV, output_tag
+    from tasks.run.outputs import ROOTS_ENV, output_tag
 
     roots = str(
         tmp_path / "deployment-root"

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from model import cudnn_attention as ca
-from model.attention import attention, attention_context
+from model.network import cudnn_attention as ca
+from model.network.attention import attention, attention_context
 
 needs_cudnn = pytest.mark.skipif(not ca.available(), reason="needs CUDA and nvidia-cudnn-frontend")
 needs_fp8 = pytest.mark.skipif(not ca.fp8_supported(), reason="needs a Hopper GPU and nvidia-cudnn-frontend")
@@ -92,7 +92,7 @@ def test_cudnn_fp8_error_is_bounded_and_key_offsets_are_removed():
 @pytest.mark.cuda
 @needs_fp8
 def test_cudnn_fp8_compiles_as_one_graph():
-    from model.compile import compiled_graph_count
+    from model.runtime.compile import compiled_graph_count
 
     q, k, v = _qkv(1, 2048, ca.FP8_MIN_KEYS)
     runner = ca.CudnnAttention()
@@ -114,7 +114,7 @@ def test_cudnn_fp8_compiles_as_one_graph():
 @needs_fp8
 def test_tiny_dit_on_cudnn_backends_tracks_sdpa():
     from model.config import DIT_PRESETS
-    from model.dit import InfiniteTalkDiT
+    from model.network.dit import InfiniteTalkDiT
 
     cfg = dataclasses.replace(DIT_PRESETS["tiny"], dim=512, ffn_dim=512)  # head dim 128, as the 14B
     torch.manual_seed(0)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.dit_blocks as dit_blocks
-from model.attention import attention, attention_backends
+import model.network.dit_blocks as dit_blocks
 from model.config import DIT_PRESETS, ConfigError, DiTConfig, dit_preset
-from model.dit import InfiniteTalkDiT
-from model.teacache import TeaCache, TeaCacheConfig
-from model.tiny import random_dit_state
+from model.network.attention import attention, attention_backends
+from model.network.dit import InfiniteTalkDiT
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.weights.tiny import random_dit_state
 from tests.parity.common import rel_err
 
 CFG = DIT_PRESETS["tiny"]
@@ -231,7 +231,7 @@ def test_config_from_official():
 def test_cuda_parity_and_backends(monkeypatch):
     """Golden two-speaker call on CUDA: float32 at parity tolerance, bf16 loosely, all SDPA kernels."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # exact fp32 patch-embedding conv
-    from model.dit_loader import load_dit
+    from model.weights.dit_loader import load_dit
     from tests.parity.common import load_tensors
 
     case = PARITY_DIT / "case_b_two_speakers"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.clip import load_clip
-from model.t5 import PromptCache, clean_prompt, load_t5, load_umt5
-from model.tiny import write_tiny_clip, write_tiny_t5, write_tiny_tokenizer
-from model.wav2vec import AudioWindowing, frame_count, load_wav2vec, loudness_normalize
+from model.network.clip import load_clip
+from model.network.t5 import PromptCache, clean_prompt, load_t5, load_umt5
+from model.network.wav2vec import AudioWindowing, frame_count, load_wav2vec, loudness_normalize
+from model.weights.tiny import write_tiny_clip, write_tiny_t5, write_tiny_tokenizer
 from tests.parity.common import load_tensors
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from flows.progress import attempt_phases
-from flows.workspace import Workspace, read_attempts, read_shot_done
 from tasks.files import read_json
 from tasks.media.probe import probe
+from tasks.run.workspace import Workspace, read_attempts, read_shot_done
 from tests.media import make_audio, make_clip
 from tests.stack import Stack
 

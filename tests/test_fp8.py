@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from model.dit_loader import load_dit
-from model.fp8 import (
+from model.weights.dit_loader import load_dit
+from model.weights.fp8 import (
     FP8_DTYPE,
     Fp8Linear,
     convert_to_fp8,
@@ -119,7 +119,7 @@ def test_fp8_dit_drift_on_tiny_goldens():
 
 def test_official_fp8_file_is_reused_without_requantizing():
     pytest.importorskip("optimum.quanto")
-    from model.quant import DequantLinear, load_quant_dit
+    from model.weights.quant import DequantLinear, load_quant_dit
 
     case = PARITY / "dit_quant" / "fp8"
     quant_file = next(p for p in sorted(case.glob("*.safetensors")) if p.with_suffix(".json").is_file())
@@ -177,7 +177,7 @@ def test_conversion_frees_each_float_layer_before_the_next(monkeypatch):
     import gc
     import weakref
 
-    import model.fp8 as fp8
+    import model.weights.fp8 as fp8
 
     model = nn.Module()
     model.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 16)) for _ in range(3))

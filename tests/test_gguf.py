@@ -1,4 +1,4 @@
-"""GGUF DiT weights (`model.gguf`): the torch dequantizers equal the `gguf` package's numpy ones bit for
+"""GGUF DiT weights (`model.weights.gguf`): the torch dequantizers equal the `gguf` package's numpy ones bit for
 bit, tiny GGUF files written with the `gguf` writer in the published Wan layout load through
 `load_models` (strict keys, types as published) with per-type tolerances against the float model,
 block offload streams them unchanged (mixed-type files too), and damaged files fail naming the file."""
@@ -15,13 +15,13 @@ from gguf import GGMLQuantizationType, quants
 
 from model.checkpoint import CheckpointError
 from model.config import DIT_PRESETS
-from model.dit_loader import load_dit
-from model.gguf import BF16, F32, Q4_K, Q5_K, Q6_K, Q8_0, GGUFLinear, dequantize, read_gguf
-from model.gguf_write import quantize, random_quantized, write_gguf
-from model.loading import LoadSpec, load_models
-from model.offload import OffloadedBlock
-from model.tiny import write_tiny_dit, write_tiny_gguf
-from model.weights import WeightsLayout
+from model.runtime.offload import OffloadedBlock
+from model.weights.dit_loader import load_dit
+from model.weights.gguf import BF16, F32, Q4_K, Q5_K, Q6_K, Q8_0, GGUFLinear, dequantize, read_gguf
+from model.weights.gguf_write import quantize, random_quantized, write_gguf
+from model.weights.layout import WeightsLayout
+from model.weights.loading import LoadSpec, load_models
+from model.weights.tiny import write_tiny_dit, write_tiny_gguf
 from tests.test_offload_load import _args
 
 LAYOUT = WeightsLayout()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.vae import WanVAE
-from model.vae_net import VAE_CONFIGS, CausalVAE, ZeroTailMemo
+from model.network.vae import WanVAE
+from model.network.vae_net import VAE_CONFIGS, CausalVAE, ZeroTailMemo
 from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels
 from tasks.infinitetalk.session import sampler_settings
 from tasks.infinitetalk.tiny import tiny_hw
@@ -120,7 +120,7 @@ def test_next_shot_is_prepared_one_ahead_and_its_errors_stay_with_it(tmp_path: P
     import threading
 
     from flows.runners import render_group
-    from flows.workspace import Workspace
+    from tasks.run.workspace import Workspace
 
     ws = Workspace(root=str(tmp_path), key="k", incarnation="i")
     shots = [{"index": i, "key": f"s{i}"} for i in range(4)]

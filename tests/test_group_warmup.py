@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import tasks.infinitetalk.resident as it
-from flows.workspace import read_attempts, read_group_loads, read_shot_done
 from tasks.config import load_config
 from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels, ensure_tiny_root
 from tasks.render.backend import PlannedShot, planned_shot
+from tasks.run.workspace import read_attempts, read_group_loads, read_shot_done
 from tasks.timeline.plan import ShotPlan
 from tests.test_infinitetalk import DUB, FILM, _job
 
@@ -51,7 +51,7 @@ def _film_config(ws_root: Path, seed: int = 42) -> dict:
 
 
 def _workspace(ws_root: Path):
-    from flows.workspace import Workspace
+    from tasks.run.workspace import Workspace
 
     (manifest,) = ws_root.glob("*/workspace.json")
     data = json.loads(manifest.read_text())

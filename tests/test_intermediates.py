@@ -128,7 +128,7 @@ def test_a_forged_pickle_in_the_checkpoint_folder_is_never_executed(tmp_path: Pa
 
 
 def test_chunk_state_round_trips_as_data_and_rejects_anything_else(tmp_path: Path):
-    from model.stream import StreamState
+    from model.sampling.stream import StreamState
 
     stream = StreamState(
         3, 120, torch.randn(1, 3, 9, 8, 8), None, torch.arange(16, dtype=torch.uint8), (200, 81, 9)

@@ -1,4 +1,4 @@
-"""Light-ASD (model/light_asd.py) and its MFCCs (model/mfcc.py): the committed weights through the real loader
+"""Light-ASD (model/speaker/light_asd.py) and its MFCCs (model/speaker/mfcc.py): the committed weights through the real loader
 against a forward pass recomputed here from the raw state dict (unfolded batch norms, plain conv3d, the GRU
 equations written out), the MFCCs against python_speech_features, and bad weight files."""
 
@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from model.checkpoint import CheckpointError
-from model.light_asd import WEIGHTS, load_light_asd
-from model.mfcc import mfcc
+from model.speaker.light_asd import WEIGHTS, load_light_asd
+from model.speaker.mfcc import mfcc
 
 SPEECH_WAV = Path(__file__).parent / "data" / "speech.wav"
 

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.checkpoint import CheckpointError
-from model.loading import LoadSpec, load_models
-from model.lora import LoraError, merge_lora
-from model.quant import DequantLinear
-from model.tiny import write_tiny_root, write_tiny_t5
-from model.weights import WeightsLayout
+from model.weights.layout import WeightsLayout
+from model.weights.loading import LoadSpec, load_models
+from model.weights.lora import LoraError, merge_lora
+from model.weights.quant import DequantLinear
+from model.weights.tiny import write_tiny_root, write_tiny_t5
 
 L = WeightsLayout()
 
@@ -109,7 +109,7 @@ def test_fp8_attention_is_refused_where_it_cannot_run(root):
 def test_fp8_compute_and_compile_through_load_spec(root, models):
     """`fp8_compute` swaps the block linears for fp8 GEMMs (CPU: exact emulation) with bounded drift;
     `compile` marks every block for regional compilation (compiled lazily on first call)."""
-    from model.fp8 import Fp8Linear
+    from model.weights.fp8 import Fp8Linear
 
     m = load_models(root, LoadSpec.cpu_float32(components=("dit",), fp8_compute=True, compile=True))
     n_block_linears = sum(isinstance(x, torch.nn.Linear) for x in models.dit.blocks.modules())

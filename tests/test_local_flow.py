@@ -163,8 +163,8 @@ def _task_runs(flow_run_ids: list) -> list:
 @pytest.mark.usefixtures("prefect_harness")
 def test_dub_film_flow_on_the_sample_film(tmp_path: Path):
     from flows.dub_film import dub_film
-    from flows.workspace import read_attempts
     from tasks.media.audio import decode_audio
+    from tasks.run.workspace import read_attempts
 
     meta = json.loads((DATA / "sample_film.json").read_text())
     src, dub = DATA / meta["film"], DATA / meta["dub"]
@@ -218,8 +218,8 @@ def test_dub_film_flow_on_the_sample_film(tmp_path: Path):
 
 
 def _ws(ws_dir: Path):
-    from flows.workspace import Workspace
     from tasks.files import read_json
+    from tasks.run.workspace import Workspace
 
     manifest = read_json(ws_dir / "workspace.json")
     return Workspace(root=str(ws_dir.parent), key=manifest["key"], incarnation=manifest["incarnation"])
@@ -228,7 +228,7 @@ def _ws(ws_dir: Path):
 @pytest.mark.usefixtures("prefect_harness")
 def test_dub_film_flow_fails_naming_the_shot_then_resumes_only_it(tmp_path: Path):
     from flows.dub_film import ShotsFailed, dub_film
-    from flows.workspace import read_attempts
+    from tasks.run.workspace import read_attempts
 
     clip = make_clip(tmp_path / "c.mp4", (10, 10, 10), rotation=90)
     info = probe(clip)

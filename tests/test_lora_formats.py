@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.loading import LoadSpec, load_models
-from model.lora import LoraError, merge_lora
-from model.tiny import write_tiny_root
+from model.weights.loading import LoadSpec, load_models
+from model.weights.lora import LoraError, merge_lora
+from model.weights.tiny import write_tiny_root
 
 # (official module path, diffusers module path): every kind of layer a Wan LoRA touches
 PAIRS = [

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from model.config import DIT_PRESETS
-from model.offload import (
+from model.network.tiling import TileSpec
+from model.runtime.offload import (
     OTHER_MODELS_BYTES,
     RESERVE_BYTES,
     T5_BYTES,
@@ -26,7 +27,6 @@ from model.offload import (
     resident_need,
     working_bytes_per_token,
 )
-from model.tiling import TileSpec
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
@@ -227,7 +227,7 @@ def test_backend_dubs_identically_with_offload_and_tiles_when_asked(
     assert resident.loads["dit"] == 2  # another LoadSpec: the resident set is replaced, loaded once
     assert isinstance(resident._components["dit"].blocks[0], OffloadedBlock)
     decisions = [
-        r.getMessage() for r in caplog.records if r.name == "model.loading" and "offload" in r.message
+        r.getMessage() for r in caplog.records if r.name == "model.weights.loading" and "offload" in r.message
     ]
     assert decisions == ["DiT block offload on (forced by offload: true)"]
 

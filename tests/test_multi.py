@@ -16,10 +16,10 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-import model.dit_blocks as dit_blocks
-from model.loading import LoadSpec, load_models
-from model.tiny import write_tiny_root
-from model.weights import WeightsLayout, download_weights, has_multi, verify_weights
+import model.network.dit_blocks as dit_blocks
+from model.weights.layout import WeightsLayout, download_weights, has_multi, verify_weights
+from model.weights.loading import LoadSpec, load_models
+from model.weights.tiny import write_tiny_root
 from tasks.config import load_config
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.errors import MediaError

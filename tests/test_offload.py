@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.compile import compile_blocks, compiled_graph_count, reset_compiled
 from model.config import DIT_PRESETS
-from model.dit import InfiniteTalkDiT
-from model.fp8 import Fp8Linear, convert_to_fp8
-from model.offload import BlockOffload, OffloadedBlock, vae_tiling_for
-from model.teacache import TeaCache, TeaCacheConfig
-from model.tiny import random_dit_state
+from model.network.dit import InfiniteTalkDiT
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.runtime.compile import compile_blocks, compiled_graph_count, reset_compiled
+from model.runtime.offload import BlockOffload, OffloadedBlock, vae_tiling_for
+from model.weights.fp8 import Fp8Linear, convert_to_fp8
+from model.weights.tiny import random_dit_state
 from tests.parity.common import rel_err
 
 CFG3 = DIT_PRESETS["tiny"].replace(num_layers=3)  # odd block count: slot reuse wraps unevenly
@@ -113,7 +113,7 @@ def test_vae_tiling_picks_tiles_that_fit():
     assert vae_tiling_for(480, 832, 80 * gib) is None  # fits untiled
     spec = vae_tiling_for(720, 1280, 4 * gib)
     assert spec is not None and spec.tile % 64 == 0 and spec.stride == spec.tile - 64
-    from model.offload import VAE_DECODE_BYTES_PER_PIXEL
+    from model.runtime.offload import VAE_DECODE_BYTES_PER_PIXEL
 
     assert spec.tile**2 * VAE_DECODE_BYTES_PER_PIXEL[torch.float32] <= 0.8 * 4 * gib
     smaller = vae_tiling_for(720, 1280, 1 * gib)

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.compile import compile_blocks
 from model.config import DIT_PRESETS
-from model.dit_blocks import DiTBlock
-from model.fp8 import Fp8Linear
-from model.loading import LoadSpec, load_models
-from model.offload import OffloadedBlock
-from model.tiny import write_tiny_root
+from model.network.dit_blocks import DiTBlock
+from model.runtime.compile import compile_blocks
+from model.runtime.offload import OffloadedBlock
+from model.weights.fp8 import Fp8Linear
+from model.weights.loading import LoadSpec, load_models
+from model.weights.tiny import write_tiny_root
 
 # ------------------------------------------------------------------------------ loading
 
@@ -84,10 +84,12 @@ def test_load_with_offload_equals_resident_bit_for_bit(root, tmp_path, changes):
 
 
 def test_offload_with_compile_and_the_decision_logged_once(root, caplog):
-    caplog.set_level(logging.INFO, logger="model.loading")
+    caplog.set_level(logging.INFO, logger="model.weights.loading")
     spec = LoadSpec.cpu_float32(components=("dit",), offload=True, compile=True, offload_reason="forced")
     dit = load_models(root, spec).dit
-    lines = [r.getMessage() for r in caplog.records if r.name == "model.loading" and "offload" in r.message]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "model.weights.loading" and "offload" in r.message
+    ]
     assert lines == ["DiT block offload on (forced)"]
     inner = [m for m in dit.modules() if isinstance(m, DiTBlock)]
     assert len(inner) == dit.config.num_layers
@@ -127,7 +129,7 @@ def test_fp8_offload_quantizes_block_by_block_and_drops_the_float_layers(root, m
     import gc
     import weakref
 
-    import model.offload as offload_mod
+    import model.runtime.offload as offload_mod
 
     events: list[tuple[str, int]] = []
     floats: list[weakref.ref] = []

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _shots(ws, n: int) -> list[dict]:
-    from flows.workspace import mark_shot_done
+    from tasks.run.workspace import mark_shot_done
 
     shots = [{"index": i, "key": f"k{i}"} for i in range(n)]
     for shot in shots[:-1]:  # all but the last are done
@@ -43,7 +43,7 @@ def _crashed_run():
 
 def _crashed_group(tmp: Path):
     """(workspace, its 3 shots with the last not done, their group's run marked Crashed)."""
-    from flows.workspace import open_workspace
+    from tasks.run.workspace import open_workspace
 
     film = tmp / "film.mp4"
     film.write_bytes(b"film")
@@ -55,8 +55,8 @@ def test_a_crashed_but_live_group_is_waited_for_and_a_dead_one_is_lost(tmp_path:
     from prefect.client.orchestration import get_client
 
     from flows.group_liveness import group_alive, group_lock_path, outlived_crash
-    from flows.run_lock import hold_lock
-    from flows.workspace import mark_shot_done
+    from tasks.run.run_lock import hold_lock
+    from tasks.run.workspace import mark_shot_done
 
     ws, shots, child = _crashed_group(tmp_path)
     assert not group_alive(ws, shots)

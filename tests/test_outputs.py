@@ -1,4 +1,4 @@
-"""Confined outputs (flows/outputs.py) and early checks (tasks/render/preflight.py, tasks/media/audio.py): refused
+"""Confined outputs (tasks/run/outputs.py) and early checks (tasks/render/preflight.py, tasks/media/audio.py): refused
 before any work, with one line naming the path, key or file."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from flows.outputs import ROOTS_ENV, check_overwrite, confine_output, output_stamp, output_tag
 from tasks.config import load_config
 from tasks.errors import ConfigError, MediaError, OutputError
 from tasks.media.assemble import AudioSource, assemble
@@ -18,6 +17,7 @@ from tasks.media.audio import decode_audio
 from tasks.media.intermediates import IntermediateError, record_written
 from tasks.media.probe import probe
 from tasks.render.preflight import check_config, check_frame_size, check_free_space, workspace_need
+from tasks.run.outputs import ROOTS_ENV, check_overwrite, confine_output, output_stamp, output_tag
 from tests.media import make_clip, run_ffmpeg
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.offload import indexed_device
+from model.runtime.offload import indexed_device
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ensure_tiny_root

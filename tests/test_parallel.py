@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from model.parallel import (
+from model.network.parallel import (
     FAULT_ENV,
     LOCAL_SHARD,
     RankZeroCodec,
@@ -23,7 +23,7 @@ from model.parallel import (
     UlyssesShard,
     balanced_shares,
 )
-from model.shot_worker import ShotWorker, ShotWorkerError, fault_point
+from model.runtime.shot_worker import ShotWorker, ShotWorkerError, fault_point
 from tests.parity.common import rel_err
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"
@@ -46,8 +46,8 @@ FORWARD_CASES = {
 
 def load_parts(device: torch.device | str = "cpu"):
     """The tiny parity DiT (float32) and VAE."""
-    from model.dit_loader import load_dit
-    from model.vae import load_vae
+    from model.network.vae import load_vae
+    from model.weights.dit_loader import load_dit
 
     weights = PARITY / "dit" / "weights"
     model = load_dit(weights, weights / "infinitetalk.safetensors", dtype=torch.float32).eval()
@@ -84,7 +84,7 @@ def run_teacache(model) -> tuple[torch.Tensor, torch.Tensor]:
     """Four calls of one branch with a permissive TeaCache (some reuse the stored residual).
 
     -> (outputs (4, B, 16, F, h, w), computed flags (4,))."""
-    from model.teacache import TeaCache, TeaCacheConfig
+    from model.network.teacache import TeaCache, TeaCacheConfig
 
     cache = TeaCache(TeaCacheConfig(threshold=10.0, use_ret_steps=False), sample_steps=4)
     inp = forward_inputs(model, "two_speakers_uneven")
@@ -97,9 +97,9 @@ def run_teacache(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run_stream(model, vae, sp: SequenceParallel | None) -> list[torch.Tensor]:
     """A 2-speaker shot of 13 frames in chunks of 9 (3 latent frames, then 2), two steps each."""
-    from model.conditioning import Conditioning, speaker_masks
-    from model.sampler import sampler_preset
-    from model.stream import stream_generate
+    from model.sampling.conditioning import Conditioning, speaker_masks
+    from model.sampling.sampler import sampler_preset
+    from model.sampling.stream import stream_generate
     from tasks.picture.color import match_and_blend
 
     g = torch.Generator().manual_seed(3)
@@ -284,7 +284,7 @@ def test_cudnn_backends_under_sequence_parallelism_say_what_is_missing_on_a_cpu(
     and reached by the Ulysses self-attention with the rank's head share; without CUDA and the frontend
     every rank stops there with the same clear error (so no rank waits in a collective), and the ranks
     stay usable. Their numbers under SP need two GPUs (test_cudnn_backends_under_sp_track_one_gpu)."""
-    from model import cudnn_attention
+    from model.network import cudnn_attention
 
     if cudnn_attention.available():
         pytest.skip("the cuDNN frontend is usable here: the two-GPU test below covers it")

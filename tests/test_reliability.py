@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from flows.outputs import ROOTS_ENV
 from tasks.errors import ConfigError, MediaError, OutputError
 from tasks.media.probe import probe
+from tasks.run.outputs import ROOTS_ENV
 from tests.media import decode_all, make_audio, make_clip
 
 
@@ -47,7 +47,7 @@ def _dub(src: Path, dub: Path, out: Path, config: dict, **kw) -> str:
 
 
 def _attempts(ws_root: Path) -> list[tuple[int, str]]:
-    from flows.workspace import read_attempts
+    from tasks.run.workspace import read_attempts
     from tests.test_local_flow import _ws
 
     (ws_dir,) = ws_root.iterdir()

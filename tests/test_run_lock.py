@@ -1,4 +1,4 @@
-"""Run locks (flows/run_lock.py) between real processes: busy, waited for, and taken over from the dead."""
+"""Run locks (tasks/run/run_lock.py) between real processes: busy, waited for, and taken over from the dead."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.run_lock import LockBusy, hold_lock
+from tasks.run.run_lock import LockBusy, hold_lock
 
 REPO = Path(__file__).resolve().parents[1]
 _HOLDER = """
 import sys, time
-from flows.run_lock import hold_lock
+from tasks.run.run_lock import hold_lock
 with hold_lock(sys.argv[1], "workspace w", run="first"):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

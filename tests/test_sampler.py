@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from model.chunks import ChunkSpec, chunk_audio_indices, plan_chunks, plan_chunks_official
-from model.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
-from model.guidance import APGState, adaptive_projected_guidance, apg_combine
-from model.sampler import SamplerSettings, add_noise, sampler_preset, timestep_schedule
-from model.stream import StreamState, stream_generate
+from model.sampling.chunks import ChunkSpec, chunk_audio_indices, plan_chunks, plan_chunks_official
+from model.sampling.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
+from model.sampling.guidance import APGState, adaptive_projected_guidance, apg_combine
+from model.sampling.sampler import SamplerSettings, add_noise, sampler_preset, timestep_schedule
+from model.sampling.stream import StreamState, stream_generate
 
 PARITY = Path(__file__).parent / "fixtures" / "parity"
 H = W = 16  # pixels; latent 2x2
@@ -24,8 +24,8 @@ H = W = 16  # pixels; latent 2x2
 @pytest.fixture(scope="module")
 def parts():
     """The real tiny DiT, VAE and colour correction from the parity fixtures."""
-    from model.dit_loader import load_dit
-    from model.vae import load_vae
+    from model.network.vae import load_vae
+    from model.weights.dit_loader import load_dit
     from tasks.picture.color import match_and_blend
 
     weights = PARITY / "dit" / "weights"
@@ -247,7 +247,7 @@ def test_resume_after_chunk_matches_uninterrupted_run(parts, full_run, tmp_path)
 
 
 def test_teacache_sees_named_branches_and_changes_nothing_when_computing(parts, full_run) -> None:
-    from model.teacache import TeaCache, TeaCacheConfig
+    from model.network.teacache import TeaCache, TeaCacheConfig
 
     model, vae, color = parts
     full, _, s, _ = full_run
@@ -324,8 +324,8 @@ def test_denoise_strength_starts_at_its_timestep(parts) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) -> None:
-    from model.dit_loader import load_dit
-    from model.vae import load_vae
+    from model.network.vae import load_vae
+    from model.weights.dit_loader import load_dit
     from tasks.picture.color import match_and_blend
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -359,7 +359,7 @@ def test_cuda_run_matches_cpu_run_with_a_cpu_generator(full_run, monkeypatch) ->
 def test_both_scales_one_makes_one_call_per_step_and_equals_two_call_result():
     """Distilled-LoRA settings (text = audio = 1): guidance vanishes, so one `cond` call per step
     gives what the 2-call combination gives, up to float rounding."""
-    from model.guidance import cfg_combine, guidance_branches
+    from model.sampling.guidance import cfg_combine, guidance_branches
 
     assert guidance_branches(1.0, 1.0) == ("cond",)
     assert guidance_branches(1.0, 4.0) == ("cond", "drop_audio")

@@ -63,7 +63,7 @@ def test_shot_settings_keep_only_what_changes_the_shot():
 def test_weights_identity_counts_the_files_a_shot_can_load(tmp_path: Path):
     """A real root's identity: a changed weights file changes it; a downloader's hidden cache and the
     multi-person checkpoint (for a shot that cannot run two speakers) do not."""
-    from model.weights import WeightsLayout
+    from model.weights.layout import WeightsLayout
 
     root = tmp_path / "weights"
     single = root / WeightsLayout().infinitetalk

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from flows.shot_task import QC_RECORD
-from flows.workspace import read_attempts, read_shot_done
 from tasks.media.intermediates import read_marker
 from tasks.media.probe import probe
+from tasks.run.workspace import read_attempts, read_shot_done
 from tests.test_group_warmup import _workspace
 from tests.test_infinitetalk import DUB, FILM, SHOTS
 

@@ -20,10 +20,10 @@ import gpu_smoke  # noqa: E402
 from real_root import write_gguf_root  # noqa: E402
 from smoke_real import cap_fraction, make_real_shot, planned_sizes, real_overrides  # noqa: E402
 
-from model.gguf import GGUFLinear  # noqa: E402
-from model.loading import LoadSpec, load_models  # noqa: E402
-from model.tiny import write_tiny_root  # noqa: E402
-from model.weights import verify_weights  # noqa: E402
+from model.weights.gguf import GGUFLinear  # noqa: E402
+from model.weights.layout import verify_weights  # noqa: E402
+from model.weights.loading import LoadSpec, load_models  # noqa: E402
+from model.weights.tiny import write_tiny_root  # noqa: E402
 from tasks.infinitetalk.warmup import film_model_sizes  # noqa: E402
 
 GIB = 2**30

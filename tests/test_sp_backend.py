@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.parallel import FAULT_ENV
-from model.shot_worker import ShotWorkerError
+from model.network.parallel import FAULT_ENV
+from model.runtime.shot_worker import ShotWorkerError
 from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, resolve_options
@@ -139,7 +139,7 @@ def test_fp8_attention_under_sp_is_refused_at_rank_setup_on_a_cpu(
     `load_models` with the LoadSpec's fp8_attention). Where CUDA and the cuDNN frontend are missing the
     start fails with one line naming a rank and why, and no worker is kept. (The options never ask for fp8
     attention on a CPU; the spec is set here to exercise the ranks' check.)"""
-    from model import cudnn_attention
+    from model.network import cudnn_attention
     from tasks.infinitetalk import InfiniteTalkBackend
 
     if cudnn_attention.fp8_supported():

@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
-from model.attention import attention
-from model.compile import compile_blocks, compiled_graph_count, reset_compiled
 from model.config import DIT_PRESETS
-from model.dit import InfiniteTalkDiT
-from model.prefetch import Prefetcher, PrefetchError
-from model.sampler import SamplerSettings
-from model.teacache import TeaCache, TeaCacheConfig
-from model.tiny import random_dit_state
+from model.network.attention import attention
+from model.network.dit import InfiniteTalkDiT
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.runtime.compile import compile_blocks, compiled_graph_count, reset_compiled
+from model.runtime.prefetch import Prefetcher, PrefetchError
+from model.sampling.sampler import SamplerSettings
+from model.weights.tiny import random_dit_state
 from tests.dit_inputs import chunk_inputs, run_chunk
 from tests.parity.common import rel_err
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import model.teacache as teacache_module
+import model.network.teacache as teacache_module
 from model.config import DIT_PRESETS
-from model.dit import InfiniteTalkDiT
-from model.sampler import SamplerSettings, timestep_schedule
-from model.teacache import TeaCache, TeaCacheConfig
-from model.tiny import random_dit_state
+from model.network.dit import InfiniteTalkDiT
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.sampling.sampler import SamplerSettings, timestep_schedule
+from model.weights.tiny import random_dit_state
 from tests.dit_inputs import chunk_inputs, run_chunk
 
 CFG = DIT_PRESETS["tiny"]
@@ -253,7 +253,7 @@ def sp_handle(sp, dit, job: dict) -> dict:
 @pytest.mark.distributed
 def test_sequence_parallel_ranks_take_the_same_prepared_decisions(model):
     """Two gloo ranks: every rank prepares its own schedule and decides like one process."""
-    from model.shot_worker import ShotWorker
+    from model.runtime.shot_worker import ShotWorker
 
     with ShotWorker(2, sp_setup, sp_handle, backend="gloo", start_timeout_s=300) as worker:
         got = worker.run({}, timeout_s=300)

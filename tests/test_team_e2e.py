@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.workspace import Workspace, read_attempts
 from tasks.files import WorkspaceError, read_json
 from tasks.media.probe import probe
+from tasks.run.workspace import Workspace, read_attempts
 from tests.media import decode_all, make_audio, make_clip
 from tests.stack import PROJECT_DIR, DeploymentRun, Stack, free_port, running_stack
 

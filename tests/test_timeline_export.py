@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import opentimelineio as otio
 
-from flows.outputs import output_stamp, output_tag
 from tasks.media.ffmpeg import ffmpeg_exe
 from tasks.render.qc import QcConfig, write_qc
 from tasks.render.shot import PREVIEW_LABEL
+from tasks.run.outputs import output_stamp, output_tag
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from flows.outputs import ROOTS_ENV
 from tasks.media.deliver import written_record
 from tasks.media.probe import probe
+from tasks.run.outputs import ROOTS_ENV
 from tests.media import decode_all, make_audio, make_clip
 
 
@@ -259,7 +259,7 @@ def test_two_films_with_the_same_out_never_clobber_each_other(tmp_path: Path):
 
 @pytest.mark.parametrize("which", ["dub", "source"])
 def test_an_input_replaced_mid_run_stops_the_run_before_assembling(tmp_path: Path, which: str):
-    from flows.inputs import InputChanged
+    from tasks.run.inputs import InputChanged
 
     cfg, (src, audio) = config(tmp_path), film(tmp_path)
     out = tmp_path / "o.mp4"
@@ -414,7 +414,7 @@ def test_vfr_with_duplicate_timestamps_keeps_its_real_duration(tmp_path: Path):
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_workspace_root_from_run_parameters_is_confined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from flows.dub_film import dub_film, dub_group
-    from flows.workspace_roots import WS_ROOTS_ENV
+    from tasks.run.workspace_roots import WS_ROOTS_ENV
 
     monkeypatch.delenv(
         WS_ROOTS_ENV, raising=False

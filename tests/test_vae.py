@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from model.checkpoint import CheckpointError
-from model.tiling import TileSpec
-from model.tiling import tiled_apply as _tiled
-from model.vae import WanVAE, load_vae
-from model.vae_net import CausalCache
+from model.network.tiling import TileSpec
+from model.network.tiling import tiled_apply as _tiled
+from model.network.vae import WanVAE, load_vae
+from model.network.vae_net import CausalCache
 
 WEIGHTS = Path(__file__).parent / "fixtures" / "parity" / "vae" / "weights" / "tiny_wan_vae.pth"
 

@@ -1,4 +1,4 @@
-"""One face, one voice (tasks/perception/voices.py, model/voice_id.py): the GE2E encoder against embeddings the
+"""One face, one voice (tasks/perception/voices.py, model/speaker/voice_id.py): the GE2E encoder against embeddings the
 reference implementation computed (Resemblyzer 0.1.4's own `embed_utterance` on the committed heads' speech,
 tests/fixtures/voice/ge2e_golden.npz), its separation of voices on the real heads, and the rule on real
 dialogue audio composed so the truth is known: two lines of two seeds given to one face."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
-from model.voice_id import RATE, embed, embed_many, load_voice_encoder, mel_frames, partial_starts
+from model.speaker.voice_id import RATE, embed, embed_many, load_voice_encoder, mel_frames, partial_starts
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.voices import doubt_two_voices
 from tests.speaker_cases import seed_audio
@@ -32,7 +32,7 @@ def test_the_encoder_gives_the_reference_embeddings():
     ):
         got = embed(encoder, _speech(int(seed), float(a), float(b)))
         assert got.shape == (256,) and abs(float(np.linalg.norm(got)) - 1) < 1e-5
-        # float16 weights (model/assets): the reference ran the float32 originals
+        # float16 weights (model/speaker/assets): the reference ran the float32 originals
         assert float(got @ ref) > 0.99999 and np.abs(got - ref).max() < 2e-3, (seed, a, b)
 
 

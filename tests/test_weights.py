@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from model.tiny import write_tiny_root
-from model.weights import (
+from model.weights.layout import (
     INFINITETALK_HUB,
     WAN_HUB,
     WAV2VEC_HUB,
@@ -20,6 +19,7 @@ from model.weights import (
     download_weights,
     verify_weights,
 )
+from model.weights.tiny import write_tiny_root
 
 L = WeightsLayout()
 
@@ -179,7 +179,7 @@ def test_download_requests_pinned_files_of_the_mode(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gguf_root(tmp_path_factory) -> Path:
-    from model.tiny import write_tiny_gguf
+    from model.weights.tiny import write_tiny_gguf
 
     root = write_tiny_root(tmp_path_factory.mktemp("weights") / "gguf", seed=1, multi=False)
     write_tiny_gguf(root, "Q4_K")
@@ -203,8 +203,8 @@ def test_gguf_root_passes_and_every_missing_file_is_named(gguf_root, tmp_path):
 
 
 def test_gguf_truncated_renamed_or_short_of_keys(gguf_root, tmp_path):
-    from model.gguf_write import write_gguf
-    from model.tiny import random_dit_state
+    from model.weights.gguf_write import write_gguf
+    from model.weights.tiny import random_dit_state
 
     r = _clone(gguf_root, tmp_path / "r")
     dit, adapter = r / L.gguf_dit_file(Q4), r / L.dit_file(Q4)
@@ -219,7 +219,7 @@ def test_gguf_truncated_renamed_or_short_of_keys(gguf_root, tmp_path):
     )
     _replace(dit, data)
     from model.config import DIT_PRESETS
-    from model.gguf import Q4_K
+    from model.weights.gguf import Q4_K
 
     state = random_dit_state(DIT_PRESETS["tiny"], 0)
     audio = {k: v.numpy() for k, v in state.items() if k.startswith("audio_proj.")}  # no block audio keys

@@ -14,7 +14,8 @@ from pathlib import Path
 import imageio_ffmpeg
 import pytest
 
-from flows.workspace import (
+from tasks.files import WorkspaceError, atomic_path, atomic_write_bytes, atomic_write_json
+from tasks.run.workspace import (
     MIB,
     Workspace,
     config_hash,
@@ -27,7 +28,6 @@ from flows.workspace import (
     shot_done,
     verify_shot_done,
 )
-from tasks.files import WorkspaceError, atomic_path, atomic_write_bytes, atomic_write_json
 from tests.media import sha256
 
 CONFIG = {

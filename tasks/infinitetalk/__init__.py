@@ -13,7 +13,7 @@ This `__init__` only exposes the package's public names; it holds no code. Per s
    track's audio features (wav2vec2, windowed, 25 fps) are computed once per *film* and kept as
    safetensors files in the run's work dir (`film/`), written atomically under a file lock (`cache`), so
    every shot on every worker reuses them.
-3. `dub_chunk` (`session`) — one `model.stream.stream_generate` chunk (`chunk`): the chunk's sliding
+3. `dub_chunk` (`session`) — one `model.sampling.stream.stream_generate` chunk (`chunk`): the chunk's sliding
    reference frame and the shot's frames are cropped to the speaker region's box (or the official full-frame
    resize + centre crop, `region.mode: full`; `region_map`), generated at the model's bucket on the 25 fps
    timeline, colour-matched to the chunk's reference, conformed back to the source frames

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model.weights import has_multi, layout_for
+from model.weights.layout import has_multi, layout_for
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import decide_shot, faces_path
@@ -39,7 +39,7 @@ from tasks.timeline.plan import ShotPlan
 if TYPE_CHECKING:
     import torch
 
-    from model.loading import LoadSpec
+    from model.weights.loading import LoadSpec
 
 log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
 
@@ -194,7 +194,7 @@ class InfiniteTalkBackend:
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             import soundfile as sf
 
-            from model.wav2vec import (  # imports transformers: only when features are computed
+            from model.network.wav2vec import (  # imports transformers: only when features are computed
                 frame_count,
                 loudness_normalize,
             )

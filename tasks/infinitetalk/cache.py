@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.weights import TINY_WEIGHTS_SEED, WeightsLayout
+from model.weights.layout import TINY_WEIGHTS_SEED, WeightsLayout
 from tasks.files import atomic_path
 from tasks.infinitetalk.tiny import TINY_BANNER
 
@@ -47,12 +47,14 @@ def ensure_tiny_root(cache_dir: Path, seed: int = TINY_WEIGHTS_SEED) -> Path:
         return root
     with file_lock(cache_dir / f"tiny-weights-seed{seed}.lock"):
         if (root / ".complete").exists():
-            from model.tiny import add_tiny_multi  # the tiny networks: only when a tiny root is written
+            from model.weights.tiny import (
+                add_tiny_multi,  # the tiny networks: only when a tiny root is written
+            )
 
             if add_tiny_multi(root, seed):  # a root from before the multi checkpoint joined the layout
                 log.warning("[%s] added the tiny multi checkpoint to %s", TINY_BANNER, root)
             return root
-        from model.tiny import write_tiny_root  # the tiny networks: only when a tiny root is written
+        from model.weights.tiny import write_tiny_root  # the tiny networks: only when a tiny root is written
 
         log.warning("[%s] writing tiny random weights to %s", TINY_BANNER, root)
         with atomic_path(root) as tmp:

@@ -1,6 +1,6 @@
 """One chunk's generation, the one code path of it: the job record (`ChunkJob`, picklable), the models it
-runs on (`ChunkModels`), `generate_chunk` (one `model.stream.stream_generate` chunk), and the setup and
-job handler of a `model.shot_worker.ShotWorker` rank, which run that same function with `gpus_per_shot > 1`.
+runs on (`ChunkModels`), `generate_chunk` (one `model.sampling.stream.stream_generate` chunk), and the setup and
+job handler of a `model.runtime.shot_worker.ShotWorker` rank, which run that same function with `gpus_per_shot > 1`.
 
 No shot state and no model holder here: the session fills the job per chunk, `resident` keeps the models
 and the worker between shots.
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from model.conditioning import Conditioning
-from model.loading import load_models
-from model.parallel import RankZeroCodec
-from model.stream import stream_generate
-from model.teacache import TeaCache, TeaCacheConfig
+from model.network.parallel import RankZeroCodec
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.sampling.conditioning import Conditioning
+from model.sampling.stream import stream_generate
+from model.weights.loading import load_models
 from tasks.infinitetalk.options import TiledVAE, VaeTiling
 from tasks.infinitetalk.region_map import to_uint8
 from tasks.picture.color import match_and_blend
@@ -27,7 +27,7 @@ from tasks.picture.color import match_and_blend
 if TYPE_CHECKING:
     import torch
 
-    from model.loading import LoadSpec
+    from model.weights.loading import LoadSpec
 
 log = logging.getLogger(__package__)  # the package's one logger, "tasks.infinitetalk"
 
@@ -37,7 +37,7 @@ class ChunkJob:
     """Everything one chunk's generation needs besides the models. Picklable: with `gpus_per_shot > 1`
     it is the job record a `ShotWorker` broadcasts to its ranks (tensors on the host)."""
 
-    settings: Any  # model.sampler.SamplerSettings
+    settings: Any  # model.sampling.sampler.SamplerSettings
     context: torch.Tensor  # (Lt, Dt) umT5 prompt embedding
     context_null: torch.Tensor  # (Lt, Dt)
     # (L, 12, 768) the shot's wav2vec2 features; two speakers (`multi`): one per person, in mask order
@@ -46,7 +46,7 @@ class ChunkJob:
     n_frames: int  # model frames of the shot
     reference: torch.Tensor  # (3, 1, H, W) in [-1, 1]: the chunk's reference frame
     source: torch.Tensor | None  # (3, T, H, W) the chunk's source model frames (video-to-video only)
-    state: Any | None  # model.stream.StreamState after the previous chunk; None = chunk 0
+    state: Any | None  # model.sampling.stream.StreamState after the previous chunk; None = chunk 0
     teacache: float | None  # TeaCache threshold
     teacache_preset: str
 
@@ -63,7 +63,7 @@ class ChunkModels:
 
 
 def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
-    """One `stream_generate(max_chunks=1)` call -> its `model.stream.ChunkOutput` (kept frames, state).
+    """One `stream_generate(max_chunks=1)` call -> its `model.sampling.stream.ChunkOutput` (kept frames, state).
 
     The one code path of the generation: the calling process runs it with `gpus_per_shot: 1`, every rank
     of the ShotWorker with more. Noise comes from a CPU generator seeded for chunk 0 and restored from the

@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.guidance import guidance_branches
-from model.sampler import sampler_preset
+from model.sampling.guidance import guidance_branches
+from model.sampling.sampler import sampler_preset
 from tasks.config import PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.options import resolve_options

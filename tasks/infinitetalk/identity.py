@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model.weights import QUANTS, TINY_WEIGHTS_SEED, WeightsLayout
+from model.weights.layout import QUANTS, TINY_WEIGHTS_SEED, WeightsLayout
 
 
 def weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:

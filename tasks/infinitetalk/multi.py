@@ -1,8 +1,8 @@
 """Two speakers at once: a shot with a two-speaker segment (`tasks.decision.record.DubRegion` of status "two" with two
 `people`) is generated with the multi (two-person) InfiniteTalk checkpoint, one audio stream per person
 (each person's dub stem, its wav2vec2 features cached per film like the dialogue's) and person masks
-from the people's boxes mapped into the shot's model crop (`model.conditioning.speaker_masks`); the DiT's
-own routing (`model.dit`) then sends each stem to the tokens of its person. Without the multi checkpoint
+from the people's boxes mapped into the shot's model crop (`model.sampling.conditioning.speaker_masks`); the DiT's
+own routing (`model.network.dit`) then sends each stem to the tokens of its person. Without the multi checkpoint
 the segment is dubbed as the louder person's one-speaker region, with the reason saying so.
 
 How a shot is generated: the whole shot runs two-speaker once it holds a two-speaker segment (the person
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model.conditioning import speaker_masks
+from model.sampling.conditioning import speaker_masks
 from tasks.config import PipelineConfig
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.decision.shot_decision import region_config

@@ -1,6 +1,6 @@
 """The backend's options and what follows from them before any model runs: the `infinitetalk` section
 with `backend.options` applied and cross-checked, the region config, the run device, the offload
-decision, the `model.loading.LoadSpec`, and the VAE tiling option with the VAE wrapper that applies it.
+decision, the `model.weights.loading.LoadSpec`, and the VAE tiling option with the VAE wrapper that applies it.
 
 Pure decisions over the config (and, for `offload: auto` / `vae_tiling: auto`, the device's memory);
 nothing here loads weights, reads media or keeps state between calls.
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.config import DIT_PRESETS
-from model.cudnn_attention import fp8_supported
-from model.loading import LoadSpec
-from model.offload import (
+from model.network.cudnn_attention import fp8_supported
+from model.network.tiling import TileSpec
+from model.network.vae_net import ZeroTailMemo
+from model.runtime.offload import (
     OTHER_MODELS_BYTES,
     T5_BYTES,
     MemoryNeed,
@@ -31,9 +32,8 @@ from model.offload import (
     vae_tiling_for,
     working_bytes_per_token,
 )
-from model.tiling import TileSpec
-from model.vae_net import ZeroTailMemo
-from model.weights import gguf_bytes_per_weight, is_gguf
+from model.weights.layout import gguf_bytes_per_weight, is_gguf
+from model.weights.loading import LoadSpec
 from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.timeline import WAV2VEC_RATE
@@ -43,7 +43,7 @@ from tasks.picture.geometry import BUCKET_TABLES
 if TYPE_CHECKING:
     import torch
 
-    from model.offload import MemoryNeed, OffloadDecision
+    from model.runtime.offload import MemoryNeed, OffloadDecision
 
 
 def resolve_options(
@@ -162,7 +162,7 @@ def fp8_flags(opts: InfiniteTalkConfig, device: str) -> tuple[bool, bool]:
     block formats (fp8 GEMMs would re-expand a Q4_K weight to a byte): no fp8 GEMMs."""
     import torch
 
-    from model.weights import is_gguf
+    from model.weights.layout import is_gguf
 
     if opts.mode == "tiny" or not device.startswith("cuda"):
         return False, False
@@ -205,7 +205,7 @@ def device_for(name: str, *, cuda_count: int, local_rank: int = 0) -> str:
 def memory_need(
     opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81, fp8: bool | None = None
 ) -> MemoryNeed:
-    """What a run of the options needs on `device`, piece by piece (`model.offload.MemoryNeed`): at the
+    """What a run of the options needs on `device`, piece by piece (`model.runtime.offload.MemoryNeed`): at the
     mode's largest bucket and `frame_num`-frame chunks, with its compile / fp8 / batched-guidance settings,
     umT5 unless `t5_cpu`, and the conditioning-encode memo at the VAE dtype. `fp8`: the fp8-GEMM flag
     (default: `fp8_flags` on `device`)."""
@@ -240,7 +240,7 @@ def offload_decision(
 ) -> OffloadDecision:
     """`infinitetalk.offload` for a run on `device`. auto: offload when the device's usable memory
     (`limit_bytes`; default: asked from CUDA) is below what a resident run needs (`memory_need`); never
-    on a CPU. auto and true raise `model.offload.DeviceMemoryError` (one line naming the pieces) when
+    on a CPU. auto and true raise `model.runtime.offload.DeviceMemoryError` (one line naming the pieces) when
     even an offloaded run does not fit, before anything is loaded."""
     import torch
 
@@ -258,7 +258,7 @@ def offload_decision(
 
 
 def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> LoadSpec:
-    """The `model.loading.LoadSpec` of the options (tiny mode and CPU runs: float32), with the offload
+    """The `model.weights.loading.LoadSpec` of the options (tiny mode and CPU runs: float32), with the offload
     decision of `offload_decision` (its reason rides along and is logged by the loader)."""
     import torch
 
@@ -294,7 +294,7 @@ class VaeTiling:
         self, height: int, width: int, *, device_type: str, free_bytes: int | None, dtype: torch.dtype
     ) -> TileSpec | None:
         """Tiling of one (height x width)-pixel encode/decode; None = untiled. auto: tiles only on CUDA
-        when `free_bytes` is short of an untiled pass (`model.offload.vae_tiling_for`)."""
+        when `free_bytes` is short of an untiled pass (`model.runtime.offload.vae_tiling_for`)."""
 
         if self.mode is True:
             return TileSpec(tile=self.tile_px, stride=self.tile_px - self.tile_px // 4)
@@ -337,7 +337,7 @@ class TiledVAE:
         return self.vae.encode(video, tiling=self._spec("encode", *video.shape[-2:]))  # (B, 3, T, H, W)
 
     def encode_reference(self, reference: torch.Tensor, length: int) -> torch.Tensor:
-        """`model.vae.WanVAE.encode_reference` (B, 3, 1, H, W) -> the latent of [reference, zeros...]."""
+        """`model.network.vae.WanVAE.encode_reference` (B, 3, 1, H, W) -> the latent of [reference, zeros...]."""
         tiling = self._spec("encode", *reference.shape[-2:])
         if not hasattr(self.vae, "encode_reference"):  # another codec (a test's): the plain encode
             import torch

@@ -1,5 +1,5 @@
 """The process-resident model holder (`ResidentModels`, its one instance `RESIDENT`) and, with
-`gpus_per_shot > 1`, the process's shot worker (`model.shot_worker.ShotWorker` ranks set up by `chunk`).
+`gpus_per_shot > 1`, the process's shot worker (`model.runtime.shot_worker.ShotWorker` ranks set up by `chunk`).
 
 `RESIDENT` is dubflow's one intentional process-level object (see `ResidentModels`). Callers look it up
 as `resident.RESIDENT` at call time, never bind it at import, so a test can swap the holder. Nothing
@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model.loading import COMPONENTS, load_models
-from model.shot_worker import ShotWorker, ShotWorkerError
+from model.runtime.shot_worker import ShotWorker, ShotWorkerError
+from model.weights.loading import COMPONENTS, load_models
 from tasks.infinitetalk.chunk import ChunkJob, rank_handle, rank_setup
 from tasks.infinitetalk.options import VaeTiling
 
 if TYPE_CHECKING:
-    from model.loading import LoadSpec
+    from model.weights.loading import LoadSpec
 
 
 class ResidentModels:
@@ -38,7 +38,7 @@ class ResidentModels:
     not part of the key; asking for the other DiT drops the resident one and loads it on demand, the
     other components stay.
 
-    With `gpus_per_shot: N > 1` it also holds the process's `model.shot_worker.ShotWorker`: N rank processes
+    With `gpus_per_shot: N > 1` it also holds the process's `model.runtime.shot_worker.ShotWorker`: N rank processes
     started on the first dubbed shot, each with its share of the generation models resident, kept for
     later shots and closed by `close()` (registered with `atexit`). `loads["shot_worker"]` counts starts;
     `worker_stats` is rank 0's last answer: its pid and the jobs it has run since its setup.
@@ -50,7 +50,7 @@ class ResidentModels:
         self._components: dict[str, Any] = {}
         self._multi = False  # whether the resident DiT is the multi (two-person) one
         self.loads: Counter[str] = Counter()
-        self._worker: Any | None = None  # model.shot_worker.ShotWorker
+        self._worker: Any | None = None  # model.runtime.shot_worker.ShotWorker
         self._worker_key: tuple[str, Any, int, VaeTiling] | None = None
         self._worker_dit_config: Any | None = None
         self._warm: dict[Any, float] = {}  # warm-up key -> seconds it took, for the resident set

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from model.conditioning import speaker_masks
-from model.sampler import sampler_preset
-from model.stream import StreamState
+from model.sampling.conditioning import speaker_masks
+from model.sampling.sampler import sampler_preset
+from model.sampling.stream import StreamState
 from tasks.config import InfiniteTalkConfig, PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
@@ -68,7 +68,7 @@ class SessionBackend(Protocol):
 
 
 def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPlan, *, tiny: bool) -> Any:
-    """The shot's `model.sampler.SamplerSettings`: the mode's preset (or tiny's) with the options, the
+    """The shot's `model.sampling.sampler.SamplerSettings`: the mode's preset (or tiny's) with the options, the
     colour config and the shot plan's chunking applied."""
 
     preset = "tiny" if tiny else opts.mode
@@ -233,7 +233,7 @@ class InfiniteTalkSession:
         )
 
     def _resume(self, resume_state: Any | None) -> Any | None:
-        """The `model.stream.StreamState` to continue from (a checkpoint of `state()`); None = chunk 0."""
+        """The `model.sampling.stream.StreamState` to continue from (a checkpoint of `state()`); None = chunk 0."""
 
         if resume_state is None:
             return None

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from model.chunks import plan_chunks
+from model.sampling.chunks import plan_chunks
 from tasks.timeline.plan import ShotPlan
 
 MODEL_FPS = 25
@@ -73,7 +73,7 @@ def shot_feature_range(plan: ShotPlan, timeline: FeatureTimeline) -> tuple[int, 
 
 
 def check_plan_agreement(plan: ShotPlan) -> None:
-    """The renderer's chunk plan (`tasks.timeline.plan`) must be the sampler's (`model.chunks.plan_chunks`), part by
+    """The renderer's chunk plan (`tasks.timeline.plan`) must be the sampler's (`model.sampling.chunks.plan_chunks`), part by
     part when the plan is split at speaker switches (each part is one sampler run)."""
 
     for part in sorted({c.part for c in plan.chunks}):
@@ -87,5 +87,5 @@ def check_plan_agreement(plan: ShotPlan) -> None:
         if ours != theirs:
             raise RuntimeError(
                 f"chunk plans disagree for shot {plan.shot_index} ({m} model frames): "
-                f"tasks.timeline.plan {ours} vs model.sampler {theirs}"
+                f"tasks.timeline.plan {ours} vs model.sampling.sampler {theirs}"
             )

@@ -3,7 +3,7 @@ dubbed frame, and the tiny model size (1/16 of the bucket).
 
 Tiny mode (`infinitetalk.weights: null`) runs tiny random weights as a pipeline check, not a dubbing
 result, and says so everywhere. This file holds only those labels and sizes; the tiny weights root itself
-is written by `cache.ensure_tiny_root` (it needs the file lock), the model by `model.tiny`.
+is written by `cache.ensure_tiny_root` (it needs the file lock), the model by `model.weights.tiny`.
 """
 
 from __future__ import annotations

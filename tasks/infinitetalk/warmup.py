@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from model.conditioning import speaker_masks
+from model.sampling.conditioning import speaker_masks
 from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.options import TiledVAE, resolve_device

@@ -141,7 +141,7 @@ def build_encode_args(
     stamp: str | None = None,
 ) -> list[str]:
     """The ffmpeg argument list of a one-pass encode of the whole film (pure; `encode.per_shot: false`).
-    `stamp`: the container's `comment` tag (`flows.outputs.output_comment`: the `dubflow:<key>` stamp
+    `stamp`: the container's `comment` tag (`tasks.run.outputs.output_comment`: the `dubflow:<key>` stamp
     first, then e.g. the preview label)."""
     fps = info.fps
     d = delivery(cfg, info.pix_fmt)

@@ -2,8 +2,8 @@
 
 Holds `FaceCrops` (fed one analysis frame at a time with the tracks' interpolated boxes, like
 `tasks.perception.lips.MouthMeter`: it keeps a grey 112x112 crop of each face at the frames nearest to a
-25 fps clock) and `asd_scores`, which runs Light-ASD (`model.light_asd`) on each track's crops with the
-MFCCs (`model.mfcc`) of the same stretch of the source's audio and maps the 25 fps scores back to the
+25 fps clock) and `asd_scores`, which runs Light-ASD (`model.speaker.light_asd`) on each track's crops with the
+MFCCs (`model.speaker.mfcc`) of the same stretch of the source's audio and maps the 25 fps scores back to the
 shot's frames.  The crop follows the AVA-trained network's training crops: the face box's longest side as a
 square around its centre (grey 110 outside the frame; the lower-face crop of the reference's demo scored
 moving listeners as speakers here, README).  The encoders run in windows of ``WINDOW`` frames with ``CONTEXT`` frames either side (their
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from model.light_asd_format import FACE_SIDE, MFCC_PER_FRAME, VIDEO_FPS
-from model.mfcc import mfcc
+from model.speaker.light_asd_format import FACE_SIDE, MFCC_PER_FRAME, VIDEO_FPS
+from model.speaker.mfcc import mfcc
 
 if TYPE_CHECKING:  # torch is imported where the network runs: cutting crops needs none
     import torch
 
-    from model.light_asd import LightASD
+    from model.speaker.light_asd import LightASD
 
 WINDOW, CONTEXT = 100, 8  # encoder windows (25 fps frames) and their context either side
 CHUNKS = (25, 50, 100, 150)  # recurrent chunks (frames): 1, 2, 4, 6 s

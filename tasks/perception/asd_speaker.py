@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.light_asd_format import VIDEO_FPS
+from model.speaker.light_asd_format import VIDEO_FPS
 from tasks.perception.asd import SHIFTS
 from tasks.perception.speaker import (
     SpeakerSegment,

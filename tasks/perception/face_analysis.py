@@ -276,8 +276,11 @@ def scored_tracks(
 
 def _voices_of(samples: np.ndarray, fps: float) -> VoicesOf:
     """voices_of(spans): the GE2E embeddings (n, 256) of the shot's audio (mono at RATE) over spans of frames."""
-    from model.voice_id import RATE as VOICE_RATE
-    from model.voice_id import embed_many, load_voice_encoder  # torch: only where a face has confident lines
+    from model.speaker.voice_id import RATE as VOICE_RATE
+    from model.speaker.voice_id import (  # torch: only where a face has confident lines
+        embed_many,
+        load_voice_encoder,
+    )
 
     assert VOICE_RATE == RATE, "the dialogue is decoded at the voice encoder's rate"
     encoder = load_voice_encoder()
@@ -344,7 +347,7 @@ def analyse_frames(
     lead: np.ndarray | None = None  # (n_tracks, n_frames) the learned route's sync leads, when it ran
     if crops is not None and audio is not None:
         ids = scored_tracks(activity, change, speech_prob, settings, cfg.asd_max_faces, agree)
-        from model.light_asd import load_light_asd  # torch: only where a face's crops are scored
+        from model.speaker.light_asd import load_light_asd  # torch: only where a face's crops are scored
 
         scores = np.full((len(tracks), n_frames), np.nan)
         lead = scores.copy()

@@ -4,7 +4,7 @@ sure of either (the missed change of speaker).
 Both speaker routes (agreement, Light-ASD) judge how well lips fit the rhythm of the speech.  When a turn
 follows another without a pause and the first speaker goes on moving their lips, both can give the answer to
 the first face: the held-out turn-taking cases `held_out_14`, `held_out_20` and `held_out_21` (README).  What
-they cannot hear is that the voice changed.  A speaker-identity embedding (`model.voice_id`, GE2E) can: each
+they cannot hear is that the voice changed.  A speaker-identity embedding (`model.speaker.voice_id`, GE2E) can: each
 confident segment of at least ``least`` frames is embedded, and where two segments of one face are further
 apart than ``min_cos`` (cosine), both become "uncertain"; so does one segment whose speech before some point
 and after it differ so (a turn change with no pause inside one line: `WINDOW_S` either side, at least

@@ -20,7 +20,7 @@ where the file is read: a shot without source speech takes its speech timeline f
 an audio edit or a change of gate or region settings reuses it.
 
 Accepted approximation: wav2vec2 normalises the waveform with whole-track statistics and its attention
-reaches up to `model.wav2vec.AudioWindowing` (60 s windows, 10 s margins), so a line re-recorded far from
+reaches up to `model.network.wav2vec.AudioWindowing` (60 s windows, 10 s margins), so a line re-recorded far from
 a shot shifts that shot's features a little; outside `audio_context_s` such a change does not re-render it
 (`audio_context_s: null` hashes the whole track: any audio change re-renders every shot).
 

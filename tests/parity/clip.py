@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import read_torch_state, strict_assign
-from model.clip import (
+from model.network.clip import (
     ClipImageEncoder,
     ClipVisionConfig,
     build_clip,

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import safetensors_keys
-from model.dit import InfiniteTalkDiT
-from model.dit_blocks import reference_attention_map, token_masks
-from model.dit_loader import load_dit
-from model.teacache import TeaCache, TeaCacheConfig
-from model.weights import DIT_STEM
+from model.network.dit import InfiniteTalkDiT
+from model.network.dit_blocks import reference_attention_map, token_masks
+from model.network.teacache import TeaCache, TeaCacheConfig
+from model.weights.dit_loader import load_dit
+from model.weights.layout import DIT_STEM
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

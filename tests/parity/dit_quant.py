@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from model.quant import DequantLinear, load_quant_dit
+from model.weights.quant import DequantLinear, load_quant_dit
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

@@ -12,13 +12,19 @@ from pathlib import Path
 
 import torch
 
-from model.chunks import chunk_audio, chunk_audio_indices, mirror_pad_length, plan_chunks_official
-from model.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
-from model.dit_loader import load_dit
-from model.guidance import APGState, adaptive_projected_guidance, apg_combine, cfg_combine, guidance_branches
-from model.sampler import SamplerSettings, add_noise, euler_update, timestep_schedule
-from model.stream import stream_generate
-from model.vae import load_vae
+from model.network.vae import load_vae
+from model.sampling.chunks import chunk_audio, chunk_audio_indices, mirror_pad_length, plan_chunks_official
+from model.sampling.conditioning import Conditioning, branch_inputs, official_bbox_to_xyxy, speaker_masks
+from model.sampling.guidance import (
+    APGState,
+    adaptive_projected_guidance,
+    apg_combine,
+    cfg_combine,
+    guidance_branches,
+)
+from model.sampling.sampler import SamplerSettings, add_noise, euler_update, timestep_schedule
+from model.sampling.stream import stream_generate
+from model.weights.dit_loader import load_dit
 from tasks.picture.color import match_and_blend
 from tests.parity.common import assert_close, load_tensors, rel_err
 

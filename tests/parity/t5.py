@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import read_torch_state
-from model.t5 import T5TextEncoder, load_umt5, t5_config_from_state
+from model.network.t5 import T5TextEncoder, load_umt5, t5_config_from_state
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from model.vae import LATENT_MEAN, LATENT_STD, WanVAE, load_vae
+from model.network.vae import LATENT_MEAN, LATENT_STD, WanVAE, load_vae
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

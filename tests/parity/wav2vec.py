@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.wav2vec import TARGET_LUFS, AudioEncoder, load_wav2vec, loudness_normalize
+from model.network.wav2vec import TARGET_LUFS, AudioEncoder, load_wav2vec, loudness_normalize
 from tests.parity.common import assert_close, load_tensors
 
 TOL = 1e-4

@@ -1,0 +1,4 @@
+"""The speaker analysis' small networks for the CPU (Light-ASD, the GE2E voice encoder, their MFCC / mel
+features) and their shipped weights under `assets/` (sources and licences in the README's model table). No
+other room of `model/` is used.
+"""

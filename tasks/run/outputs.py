@@ -1,0 +1,190 @@
+"""Where a film run may write its output, and what it may replace there.
+
+The deployment's ``out`` parameter can be set by anyone who reaches the Prefect API, so it is
+confined: the output path, fully resolved (``..`` and symlinks, before any check), must lie under an
+output root. The roots come from the host running the film flow, never from run parameters:
+``DUBFLOW_OUTPUT_ROOTS`` (paths separated by ``os.pathsep``) or, when unset, the source's folder and
+the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). A missing output folder under a
+root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it,
+which is proven by the record dubflow keeps of what it delivered (``.<name>.dubflow.json``: size,
+SHA-256 and workspace key, `tasks.media.deliver`), never by a tag a copy would keep: a re-run of the
+same film and pass (one workspace) replaces its own output, anything else only with ``overwrite``;
+a file dubflow did not write (or one changed since) is never replaced. The same holds for the
+edit-suite sidecars (``.otio``, ``.edl``, ``.xml``). From `claim_output` to the end of the run the
+output is locked (``.<name>.dubflow.lock``): a second film started with the same ``out`` fails at once
+naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
+`output_comment`) for people and tools; nothing trusts it. The local ``dubflow dub --out`` is not
+confined (`local_output`): its user chose the path at their own shell; only the foreign-file rule
+applies to it. No Prefect here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from tasks.errors import OutputError
+from tasks.media import ffmpeg
+from tasks.media.deliver import clean_stale, destination, written_record
+from tasks.run.run_lock import hold_lock
+
+log = logging.getLogger(__name__)
+
+ROOTS_ENV = "DUBFLOW_OUTPUT_ROOTS"
+TAG_PREFIX = "dubflow:"
+_COMMENT = re.compile(r"^\s*comment\s*:\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def out_dir() -> Path:
+    """The project's output folder: ``$DUBFLOW_OUT_DIR`` (default ``./out``), resolved."""
+    return Path(os.environ.get("DUBFLOW_OUT_DIR", "out")).expanduser().resolve()
+
+
+def output_roots(source: str | os.PathLike[str]) -> list[Path]:
+    """The folders outputs may go under (resolved): ``$DUBFLOW_OUTPUT_ROOTS``, else source folder + out/."""
+    configured = [p for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    if configured:
+        return [Path(p).expanduser().resolve() for p in configured]
+    return [Path(source).expanduser().resolve().parent, out_dir()]
+
+
+def output_tag(path: str | os.PathLike[str]) -> str | None:
+    """The ``dubflow:<key>`` stamp (the first word of the container's comment) of an existing media file,
+    or None (not written by dubflow / unreadable)."""
+    _, err = ffmpeg.run(["-i", str(path)], path=path, check=False)
+    container = err.split("Stream #", 1)[0]  # the container's metadata comes before the streams
+    for value in _COMMENT.findall(container):
+        if value.startswith(TAG_PREFIX):
+            return value.split()[0]
+    return None
+
+
+def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> Path:
+    """The resolved output path, after checking it is under an output root and not a foreign file.
+
+    Raises OutputError (one line naming the path) before any work is done.
+    """
+    resolved = Path(out).expanduser().resolve()
+    roots = output_roots(source)
+    if not any(resolved.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(r) for r in roots)
+        raise OutputError(
+            out,
+            f"resolves to {resolved}, outside the output roots ({allowed}); "
+            f"set {ROOTS_ENV} on the host running the film flow to allow another folder",
+        )
+    if not resolved.parent.is_dir():
+        if resolved.parent.exists():
+            raise OutputError(out, f"{resolved.parent} is not a folder")
+        log.info("creating the output folder %s (under the output root)", resolved.parent)
+        resolved.parent.mkdir(parents=True, exist_ok=True)
+    if resolved.exists() or resolved.is_symlink():
+        if resolved.is_symlink() or not resolved.is_file():
+            raise OutputError(out, "exists and is not a regular file")
+        if written_record(resolved) is None:
+            raise OutputError(out, NOT_OURS)
+    return resolved
+
+
+NOT_OURS = "exists and was not written by dubflow (or was changed since): refusing to overwrite it"
+
+
+def check_overwrite(out: str | os.PathLike[str], key: str, overwrite: bool) -> None:
+    """An existing dubflow output is replaced only by a run of the same workspace, or with `overwrite`."""
+    path = Path(out)
+    if not (path.exists() or path.is_symlink()):
+        return
+    record = written_record(path)
+    if record is None:
+        raise OutputError(out, NOT_OURS)
+    if record.get("key") != key and not overwrite:
+        raise OutputError(
+            out,
+            f"exists (a dubflow output of another film or pass, {output_stamp(str(record.get('key')))}); "
+            "pass --overwrite (flow parameter overwrite=true) to replace it",
+        )
+
+
+def claim_output(
+    held: contextlib.ExitStack,
+    out: str | os.PathLike[str],
+    key: str,
+    overwrite: bool,
+    sidecars: Sequence[str | os.PathLike[str]] = (),
+    run: str = "",
+) -> dict:
+    """Lock `out` for the rest of the run (`held`), remove what a killed run left there, check that
+    `out` and its `sidecars` may be replaced, and note what is there (`tasks.media.deliver.Destination`,
+    as a dict: the final renames check it again)."""
+    path = Path(out)
+    lock = path.with_name(f".{path.name}.dubflow.lock")
+    held.enter_context(hold_lock(lock, f"output {path}", run=run))  # another film at the same out: fails
+    held.callback(_unlink_quietly, lock)  # removed while still held (a waiter then locks a fresh file)
+    clean_stale(path.parent, path.name)
+    for target in (path, *map(Path, sidecars)):
+        check_overwrite(target, key, overwrite)
+    return destination([path, *map(Path, sidecars)]).to_dict()
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def output_stamp(key: str) -> str:
+    """The stamp an output of workspace `key` carries (the first word of its container comment)."""
+    return f"{TAG_PREFIX}{key}"
+
+
+def output_comment(key: str, label: str | None = None) -> str:
+    """The container ``comment`` of an output of workspace `key`: its stamp, then `label` if any."""
+    return f"{output_stamp(key)} {label}" if label else output_stamp(key)
+
+
+# ------------------------------------------------------------- the local command's output (`dubflow dub --out`)
+
+
+def local_output(out: str | os.PathLike[str]) -> Path:
+    """The resolved output of the local `dubflow dub`: anywhere its user says, never a foreign file.
+
+    The person at their own shell chose the path, so no output root applies (the roots confine the
+    deployment's ``out`` parameter, `confine_output`). A missing folder is fine (the run creates it); an
+    existing file is refused unless dubflow wrote it (`check_overwrite` decides the rest in the run).
+    Raises OutputError naming the path; creates nothing.
+    """
+    resolved = Path(out).expanduser().resolve()
+    folder = resolved.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(out, f"{folder} is not a folder")
+    if resolved.exists():
+        if not resolved.is_file():
+            raise OutputError(out, "exists and is not a regular file")
+        if written_record(resolved) is None:
+            raise OutputError(out, NOT_OURS)
+    return resolved
+
+
+@contextlib.contextmanager
+def local_output_allowed(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> Iterator[Path]:
+    """While the block runs, this process's film run may write `out` (its folder is an output root).
+
+    For the local command only: its process is the host running the film flow, the roots being that
+    host's setting. The previous ``DUBFLOW_OUTPUT_ROOTS`` (set or not) is restored on exit.
+    """
+    resolved = local_output(out)
+    before = os.environ.get(ROOTS_ENV)
+    roots = [*output_roots(source), resolved.parent]
+    os.environ[ROOTS_ENV] = os.pathsep.join(str(r) for r in roots)
+    try:
+        yield resolved
+    finally:
+        if before is None:
+            os.environ.pop(ROOTS_ENV, None)
+        else:
+            os.environ[ROOTS_ENV] = before

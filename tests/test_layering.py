@@ -1,0 +1,118 @@
+"""The import order of the code, held in the repository: wings one way, `model/` pure torch, `tasks/` below `flows/`.
+
+Reads every module's imports with `ast` (function-local imports included, so a lazy import cannot hide an
+arrow) and checks the rules the packages' docstrings state: `tasks/` wings and `model/` rooms import only what
+stands below them in the declared order, `model/` imports no Prefect, `tasks`, `flows`, `cv2` or
+`subprocess`, `tasks/` imports neither `flows` nor Prefect, and `flows/` holds no tensor or image maths.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Top to bottom; a wing may import itself and anything after it. The last entry is the package's root ground.
+TASKS_ORDER = [
+    "run",
+    "infinitetalk",
+    "render",
+    "decision",
+    "perception",
+    "timeline",
+    "picture",
+    "media",
+    "<root>",
+]
+MODEL_ORDER = ["weights", "runtime", "network", "sampling", "speaker", "<root>"]
+
+
+def _imports(path: Path, root: Path) -> list[tuple[str, int]]:
+    """Absolute module names a file imports (relative imports resolved), with their line numbers."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = ".".join(path.relative_to(root).with_suffix("").parts)
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")[: -node.level]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, node.lineno))
+            # `from pkg import module` names a module too
+            out += [(f"{base}.{a.name}", node.lineno) for a in node.names]
+    return out
+
+
+def _files(root: Path, package: str) -> list[Path]:
+    return sorted(p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _wing(module: str, package: str, wings: list[str]) -> str | None:
+    """The wing (first-level subpackage) of `module` inside `package`, `<root>` for a root module, None outside."""
+    parts = module.split(".")
+    if parts[0] != package or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in wings else "<root>"
+
+
+def upward_imports(root: Path, package: str, order: list[str]) -> list[str]:
+    """Every import in `root/package` of a wing that stands above the importing file's wing."""
+    upward = []
+    for path in _files(root, package):
+        src = _wing(".".join(path.relative_to(root).with_suffix("").parts), package, order)
+        for module, line in _imports(path, root):
+            dst = _wing(module, package, order)
+            if dst is None or dst == src:
+                continue
+            if order.index(dst) < order.index(src):
+                upward.append(f"{path.relative_to(root)}:{line} ({src}) imports {module} ({dst})")
+    return upward
+
+
+@pytest.mark.parametrize(("package", "order"), [("tasks", TASKS_ORDER), ("model", MODEL_ORDER)])
+def test_wings_import_only_downward(package: str, order: list[str]) -> None:
+    on_disk = {p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").is_file()}
+    assert on_disk == set(order) - {"<root>"}, f"{package}/ wings on disk differ from the declared order"
+    upward = upward_imports(ROOT, package, order)
+    assert not upward, "imports that run back up:\n" + "\n".join(upward)
+
+
+FORBIDDEN = {
+    "model": ("prefect", "tasks", "flows", "cv2", "subprocess"),
+    "tasks": ("prefect", "flows"),
+    "flows": ("torch", "numpy", "cv2"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_forbidden_imports(package: str) -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _files(ROOT, package)
+        for module, line in _imports(path, ROOT)
+        if module.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert not bad, f"{package}/ must not import {', '.join(FORBIDDEN[package])}:\n" + "\n".join(bad)
+
+
+def test_checker_sees_lazy_and_relative_upward_imports(tmp_path: Path) -> None:
+    """The checker itself, on a small tree: a function-local and a relative import of a higher wing are found."""
+    for wing in ("media", "render"):
+        (tmp_path / "tasks" / wing).mkdir(parents=True)
+        (tmp_path / "tasks" / wing / "__init__.py").write_text("")
+    (tmp_path / "tasks" / "render" / "shot.py").write_text("from tasks.media import probe\n")
+    (tmp_path / "tasks" / "media" / "probe.py").write_text("def f():\n    from tasks.render import shot\n")
+    (tmp_path / "tasks" / "media" / "frames.py").write_text("from ..render.shot import x\n")
+    found = upward_imports(tmp_path, "tasks", TASKS_ORDER)
+    assert found == [
+        "tasks/media/frames.py:1 (media) imports tasks.render.shot (render)",
+        "tasks/media/frames.py:1 (media) imports tasks.render.shot.x (render)",
+        "tasks/media/probe.py:2 (media) imports tasks.render (render)",
+        "tasks/media/probe.py:2 (media) imports tasks.render.shot (render)",
+    ]
