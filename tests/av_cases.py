@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,44 +165,70 @@ class Material:
     reaction_talks: bool = False  # the reaction's lone face: b talking (from b_start), not mouthing backwards
 
 
-def _set(split: str, m: Material) -> list[AvCase]:
-    """The seven cases of one set."""
+def _builders(split: str, m: Material) -> dict[str, Callable[[], AvCase]]:
+    """The seven cases of one set, each built only when called (a case's frames are 80-750 MB)."""
     a, b, c = m.a, m.b, m.c
     two, three = (360, 640), (360, 900)
-    onset = _onset(a)
-    out = [
-        _case(
+
+    def moving_listener() -> AvCase:
+        return _case(
             "moving_listener", split, [talking(a, N), backwards(b, N, m.b_phase)], two, _voice(a, N),
-            ((0, N, 0),), onset,
-        ),
-        _case(
+            ((0, N, 0),), _onset(a),
+        )  # fmt: skip
+
+    def two_moving() -> AvCase:
+        return _case(
             "two_moving", split, [talking(b, N, m.b_start), talking(a, N)], two, _voice(a, N), ((0, N, 1),),
-            onset,
-        ),
-    ]  # fmt: skip
-    # turn-taking: a talks for 62 frames while b's lips move silently, then b answers with its own voice
-    # while a mouths backwards; b's answer starts where its own speech starts (from its first frame)
-    cut = 62
-    left = np.concatenate([talking(a, cut), backwards(a, N - cut)])
-    right = np.concatenate([backwards(b, cut, m.b_phase), talking(b, N - cut, m.answer_start)])
-    audio = np.concatenate([_voice(a, cut), _voice(b, N - cut, m.answer_start)])
-    b_on = next((f - m.answer_start for f in _speech_starts(b) if 0 <= f - m.answer_start < 20), 0)
-    out.append(
-        _case(
-            "turn_taking", split, [left, right], two, audio, ((0, cut, 0), (cut, N, 1)), (*onset, cut + b_on)
-        )
-    )
-    out.append(
-        _case("three_faces", split, [backwards(b, N, m.b_phase), talking(a, N), talking(c, N, m.c_start)],
-              three, _voice(a, N), ((0, N, 1),), onset, [0.9, 0.9, 0.9])
-    )  # fmt: skip
-    small = small_face(split, a, b, 80, m.b_phase)  # faces ~80 px in 1080p
-    out.append(dataclasses.replace(small, name="small_face"))
-    late = np.concatenate([np.repeat(talking(a, 1), 15, 0), talking(a, N - 15)])[:, :, ::-1]
-    out.append(_case("out_of_sync", split, [talking(a, N), late], two, _voice(a, N), ((0, N, 0),), onset))
-    lone = talking(b, N, m.b_start) if m.reaction_talks else backwards(b, N, m.b_phase)
-    out.append(_case("reaction", split, [lone], two, _voice(a, N), ((0, N, None),), ()))
-    return out
+            _onset(a),
+        )  # fmt: skip
+
+    def turn_taking() -> AvCase:
+        # a talks for 62 frames while b's lips move silently, then b answers with its own voice while a
+        # mouths backwards; b's answer starts where its own speech starts (from its first frame)
+        cut = 62
+        left = np.concatenate([talking(a, cut), backwards(a, N - cut)])
+        right = np.concatenate([backwards(b, cut, m.b_phase), talking(b, N - cut, m.answer_start)])
+        audio = np.concatenate([_voice(a, cut), _voice(b, N - cut, m.answer_start)])
+        b_on = next((f - m.answer_start for f in _speech_starts(b) if 0 <= f - m.answer_start < 20), 0)
+        onsets = (*_onset(a), cut + b_on)
+        return _case("turn_taking", split, [left, right], two, audio, ((0, cut, 0), (cut, N, 1)), onsets)
+
+    def three_faces() -> AvCase:
+        return _case("three_faces", split, [backwards(b, N, m.b_phase), talking(a, N), talking(c, N, m.c_start)],
+                     three, _voice(a, N), ((0, N, 1),), _onset(a), [0.9, 0.9, 0.9])  # fmt: skip
+
+    def small() -> AvCase:
+        return dataclasses.replace(small_face(split, a, b, 80, m.b_phase), name="small_face")  # faces ~80 px
+
+    def out_of_sync() -> AvCase:
+        late = np.concatenate([np.repeat(talking(a, 1), 15, 0), talking(a, N - 15)])[:, :, ::-1]
+        return _case("out_of_sync", split, [talking(a, N), late], two, _voice(a, N), ((0, N, 0),), _onset(a))
+
+    def reaction() -> AvCase:
+        lone = talking(b, N, m.b_start) if m.reaction_talks else backwards(b, N, m.b_phase)
+        return _case("reaction", split, [lone], two, _voice(a, N), ((0, N, None),), ())
+
+    return {
+        "moving_listener": moving_listener,
+        "two_moving": two_moving,
+        "turn_taking": turn_taking,
+        "three_faces": three_faces,
+        "small_face": small,
+        "out_of_sync": out_of_sync,
+        "reaction": reaction,
+    }
+
+
+def _set(split: str, m: Material) -> list[AvCase]:
+    """The seven cases of one set."""
+    return [build() for build in _builders(split, m).values()]
+
+
+def av_case(key: str) -> AvCase:
+    """One case, "<split>/<name>" (e.g. "held_out_7/three_faces"), built alone: a whole set holds ~1.3 GB of
+    frames, its 1080p wide shot ~750 MB of them."""
+    split, name = key.split("/")
+    return _builders(split, SETS[split])[name]()
 
 
 def small_face(split: str, a: int, b: int, face_px: int, b_phase: int = 0) -> AvCase:

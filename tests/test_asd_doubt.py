@@ -20,7 +20,7 @@ from tasks.perception.asd_speaker import (
 )
 from tasks.perception.face_analysis import asd_settings
 from tasks.perception.speaker import SpeakerSegment
-from tests.av_cases import av_cases, judged_decision
+from tests.av_cases import av_case, judged_decision
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ from tests.av_cases import av_cases, judged_decision
     ],
 )
 def test_the_cases_the_fusion_got_confidently_wrong_are_not_any_more(tmp_path, name):
-    case = av_cases((name.split("/")[0],))[name]
+    case = av_case(name)
     faces, verdict = judged_decision(case, load_config(), tmp_path / "c.mp4")
     assert verdict.result != "wrong", (verdict.why, faces.segments)
 

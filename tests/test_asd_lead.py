@@ -16,7 +16,7 @@ from tasks.media.probe import probe
 from tasks.perception.asd import FaceCrops, asd_scores
 from tasks.perception.face_analysis import analyse_frames, scored_tracks, speaker_settings
 from tasks.perception.faces import FaceDetector
-from tests.av_cases import av_cases, backwards, canvas, talking
+from tests.av_cases import av_case, backwards, canvas, talking
 from tests.speaker_cases import SR, encode, seed_audio, seed_frames
 
 FPS = 25.0
@@ -61,7 +61,7 @@ def test_in_a_three_face_shot_the_speaker_is_among_the_scored_faces(tmp_path):
     """`held_out_7/three_faces` through the shot decision: the middle face speaks, both listeners' mouths move
     more than its (one mouths backwards, one talks other words); ranked by activity the speaker was left
     out and a listener dubbed, ranked by agreement it is scored and named."""
-    case = av_cases(("held_out_7",))["held_out_7/three_faces"]
+    case = av_case("held_out_7/three_faces")
     info = probe(encode(tmp_path / "c.mp4", case.frames, case.audio))
     d = decide_shot(0, 0, info.frame_count, info, case.audio, SR, load_config())
     scored = [

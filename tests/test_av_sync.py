@@ -4,6 +4,7 @@ composed real-footage cases of tests/av_cases.py through the real decode, VAD, f
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from tasks.perception.av_sync import SyncSettings, agreement, best_lag, mouth_mo
 from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tasks.perception.speaker import AvSettings, SpeakerSegment, SpeakerSettings, refine_with_agreement
 from tasks.render.qc_overlay import SpeakerOverlay
-from tests.av_cases import av_cases, judged_decision
+from tests.av_cases import av_case, judged_decision
 from tests.speaker_cases import SR
 
 FPS = 25.0
@@ -142,7 +143,6 @@ def test_agreement_survives_the_record_and_shows_in_the_sheet_and_the_table():
 
 
 CFG = load_config()
-CASES = av_cases(("tune", "held_out", "held_out_2", "held_out_3"))
 RIGHT = [
     "tune/moving_listener", "tune/reaction", "held_out/moving_listener", "held_out/two_moving",
     "held_out/out_of_sync",
@@ -159,9 +159,9 @@ def judged(tmp_path_factory):
     root = tmp_path_factory.mktemp("av")
     out = {}
     for name in [*RIGHT, *NOT_WRONG, "held_out/reaction"]:
-        case = CASES[name]
+        case = av_case(name)  # built here, one at a time, not at collection
         faces, verdict = judged_decision(case, CFG, root / f"{name.replace('/', '_')}.mp4")
-        out[name] = (case, faces, verdict)
+        out[name] = (dataclasses.replace(case, frames=case.frames[:0]), faces, verdict)  # frames not kept
     return out
 
 
