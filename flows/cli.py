@@ -194,10 +194,11 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) 
     from fractions import Fraction
 
     from flows.estimate import estimate_film
+    from tasks.backends import backend_option
     from tasks.decision.plan_file import plan_document, write_plan
 
     est = estimate_film(args.source, args.audio, cfg, stems)
-    seed = int({**cfg.to_dict()["infinitetalk"], **cfg.backend.options}.get("seed", cfg.infinitetalk.seed))
+    seed = int(backend_option(cfg.to_dict(), "seed", 0))  # the plan's seed column: shot k uses seed + k
     shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
     doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
     if (

@@ -68,13 +68,13 @@ from flows.report import group_report, publish_groups, reused_shots, shot_rows, 
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
+from tasks.backends import BACKENDS
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
 from tasks.media.profiles import check_container
-from tasks.render.backend import BACKENDS
 from tasks.render.preflight import check_config
 from tasks.render.shot import PREVIEW_LABEL
 from tasks.run.inputs import check_inputs_unchanged, input_identity

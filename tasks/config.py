@@ -3,7 +3,9 @@
 The YAML is the one source of defaults: the dataclasses below declare fields and types only.
 Overrides are merged as nested dicts, then every value is checked against its field's type
 (`Literal` choices, int/float/bool/str, `X | None`, free-form `dict`); an unknown key or a bad
-value raises `ConfigError` naming the file (or `--set`) and the key.
+value raises `ConfigError` naming the file (or `--set`) and the key. A backend's own sections (top-level
+mappings not declared here, such as `infinitetalk:`) are kept in `PipelineConfig.sections` and typed by
+the configured backend (`tasks.backends`), so this ground module names no backend option.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from tasks.backends import BACKENDS, settings_hook
 from tasks.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -143,59 +146,6 @@ class DebugConfig:
 
     fail_shots: tuple[int, ...]
     fail_once: bool
-
-
-@dataclass(frozen=True)
-class InfiniteTalkConfig:
-    """The InfiniteTalk backend: weights, precision, sampling (`backend.options` may override any key)."""
-
-    weights: str | None  # weights root in the official layout; None = tiny random weights (pipeline check)
-    mode: Literal["tiny", "infinitetalk-480", "infinitetalk-720"]
-    device: str  # auto | cpu | cuda | cuda:N
-    gpus_per_shot: int  # >= 1: N-way sequence parallelism over N resident ranks (GPUs 0..N-1 visible)
-    dtype: Literal["bfloat16", "float16", "float32"]
-    quant: Literal[
-        "none", "fp8", "int8", "gguf-Q8_0", "gguf-Q6_K", "gguf-Q5_K", "gguf-Q5_K_M", "gguf-Q5_K_S",
-        "gguf-Q4_K", "gguf-Q4_K_M", "gguf-Q4_K_S", "gguf-F16", "gguf-BF16",
-    ]  # fmt: skip  # gguf-<tag>: a GGUF DiT (model.weights.layout.GGUF_QUANTS)
-    loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
-    t5_cpu: bool
-    prompt: str
-    negative_prompt: str
-    preset: Literal[
-        "quality", "fast"
-    ]  # fills the keys below left None (`presets`; tasks.infinitetalk.options)
-    steps: int | None  # None: the preset's (quality: the mode's)
-    shift: float | None
-    text_guide_scale: float | None  # None only before the preset is applied
-    audio_guide_scale: float | None
-    use_apg: bool
-    apg_momentum: float
-    apg_norm_threshold: float
-    teacache: float | None  # TeaCache threshold; None = off
-    denoise_strength: float
-    seed: int
-    batch_branches: bool
-    profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
-    compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
-    warm_up: bool | None  # the load's warm-up at the planned model sizes; None = auto (where compiled)
-    fp8_compute: (
-        Literal["auto", True, False] | None
-    )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported
-    fp8_attention: Literal["auto", True, False] | None  # self-attention as cuDNN fp8 attention (Hopper)
-    vae_dtype: Literal["float32", "bfloat16"] | None  # VAE precision on a GPU (CPU runs: float32)
-    offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
-    vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
-    vae_tile_px: int  # tile side with vae_tiling: true (tiles overlap by a quarter)
-    distilled: bool  # the root's DiT is already step-distilled (merged): the fast preset needs no LoRA
-
-
-@dataclass(frozen=True)
-class PresetsConfig:
-    """The values `infinitetalk.preset` fills in (each a mapping of `infinitetalk` keys)."""
-
-    quality: dict[str, Any]
-    fast: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -330,8 +280,6 @@ class PipelineConfig:
     checks: ChecksConfig
     cost: CostConfig
     debug: DebugConfig
-    infinitetalk: InfiniteTalkConfig
-    presets: PresetsConfig
     region: RegionSettings
     gate: GateConfig
     speaker: SpeakerConfig
@@ -340,19 +288,30 @@ class PipelineConfig:
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig
     timeline: TimelineConfig
+    # The sections a backend owns (top-level YAML sections beside these, e.g. the InfiniteTalk backend's
+    # `infinitetalk:` and `presets:`), kept here as mappings and typed by their backend when it resolves
+    # them (`tasks.backends`). `to_dict` puts them back at the top level.
+    sections: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        return {**data.pop("sections"), **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> PipelineConfig:
-        cfg = _build(cls, data, source, prefix="")
+        if not isinstance(data, dict):
+            raise ConfigError(source, f"config: expected a mapping, got {data!r}")
+        own = {f.name for f in dataclasses.fields(cls)} - {"sections"}
+        sections = {k: v for k, v in data.items() if k not in own and isinstance(v, dict)}
+        cfg = _build(
+            cls, {**{k: v for k, v in data.items() if k not in sections}, "sections": sections}, source, ""
+        )
+        known = cfg.backend.name in BACKENDS  # (an unknown name fails where the backend is asked for)
+        hook = settings_hook(cfg.backend.name, "typed_sections") if known else None
+        if hook is not None:  # the configured backend types its own sections (tasks.backends)
+            cfg = dataclasses.replace(cfg, sections=hook(cfg.sections, source))
         if cfg.pipeline.queue < 1:
             raise ConfigError(source, f"pipeline.queue: must be >= 1, got {cfg.pipeline.queue}")
-        if cfg.infinitetalk.gpus_per_shot < 1:
-            raise ConfigError(
-                source, f"infinitetalk.gpus_per_shot: must be >= 1, got {cfg.infinitetalk.gpus_per_shot}"
-            )
         return cfg
 
 
@@ -398,6 +357,13 @@ def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:
             raise ConfigError(where, f"{key}: expected a string, got {value!r}")
         return str(value)
     raise ConfigError(where, f"{key}: unsupported field type {tp!r}")  # pragma: no cover
+
+
+def build_section(cls: type, data: Any, where: str, prefix: str) -> Any:
+    """The typed dataclass `cls` of the mapping `data` (a config section; `prefix` names its keys in errors):
+    every key known, none missing, each value of its field's type (ConfigError naming `where` and the key).
+    A backend types its own sections with it (`PipelineConfig.sections`)."""
+    return _build(cls, data, where, prefix)
 
 
 def _build(cls: type, data: Any, where: str, prefix: str) -> Any:
@@ -495,6 +461,19 @@ def _free_form_keys(cls: type, prefix: str = "") -> set[str]:
     return out
 
 
+def _free_form_in_sections(data: dict[str, Any]) -> set[str]:
+    """Mappings inside the backends' sections (`PipelineConfig.sections`: the top-level mappings that are
+    not a section of this file), which `--set` may extend as it may any free-form mapping."""
+    own = {f.name for f in dataclasses.fields(PipelineConfig)}
+    return {
+        f"{name}.{key}"
+        for name, section in data.items()
+        if name not in own and isinstance(section, dict)
+        for key, value in section.items()
+        if isinstance(value, dict)
+    }
+
+
 def load_config(
     config_file: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -512,7 +491,7 @@ def load_config(
         _merge(data, copy.deepcopy(updates), "config")
     if preview:
         _merge(data, _read_yaml(PREVIEW_PRESET), str(PREVIEW_PRESET))
-    free = _free_form_keys(PipelineConfig)
+    free = _free_form_keys(PipelineConfig) | _free_form_in_sections(data)
     for text in overrides:
         parts, value = parse_override(text)
         apply_override(data, parts, value, free_form=free)

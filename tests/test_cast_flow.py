@@ -14,9 +14,9 @@ import soundfile as sf
 
 from flows.dub_film import dub_film_inline
 from flows.estimate import estimate_film
+from tasks import backends as backend_registry
 from tasks.config import load_config
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
-from tasks.render import backend as backend_registry
 from tests.cast_cases import write_short_film
 
 SEEN: list[dict] = []  # what the recording backend was handed, per shot (this test module only)

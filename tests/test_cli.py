@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_config_layers_and_typed_overrides(tmp_path: Path):
     base = load_config()
     assert (
-        (base.backend.name, base.infinitetalk.mode, base.infinitetalk.weights)
+        (base.backend.name, base.sections["infinitetalk"]["mode"], base.sections["infinitetalk"]["weights"])
         == ("infinitetalk", "tiny", None)
         and base.frames.bucket == "480"
         and base.audio.length_policy == "error"

@@ -170,6 +170,7 @@ def test_gguf_linear_compiles_with_inductor_and_fp8_is_off_for_gguf():
     same output as eager. The fp8 GEMMs stay off for a GGUF DiT (they would re-expand its blocks)."""
     from tasks.config import load_config
     from tasks.infinitetalk.options import fp8_flags
+    from tasks.infinitetalk.settings import section_config
 
     x = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
     lin = GGUFLinear(torch.from_numpy(quantize(x, Q4_K)), Q4_K, 256, torch.zeros(64), torch.float32)
@@ -177,7 +178,7 @@ def test_gguf_linear_compiles_with_inductor_and_fp8_is_off_for_gguf():
     compiled = torch.compile(lin, backend="inductor", fullgraph=True)
     assert torch.equal(compiled(inp), lin(inp))
     torch._dynamo.reset()
-    opts = dataclasses.replace(load_config().infinitetalk, mode="infinitetalk-480", fp8_compute=True)
+    opts = dataclasses.replace(section_config(load_config()), mode="infinitetalk-480", fp8_compute=True)
     assert fp8_flags(dataclasses.replace(opts, quant="gguf-Q4_K"), "cuda:0")[0] is False
     assert fp8_flags(opts, "cuda:0")[0] is True
 

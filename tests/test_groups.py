@@ -130,7 +130,7 @@ def test_quality_mode_one_shot_per_group_fast_mode_dozens():
 def test_unmeasured_figures_fall_back_to_the_cost_stand_ins():
     """Tiny mode has no figures: the cost: stand-ins price its chunks (and are named); pass-through costs 0."""
     cfg = load_config()
-    assert cfg.infinitetalk.mode == "tiny"
+    assert cfg.sections["infinitetalk"]["mode"] == "tiny"
     c = cfg.cost
     cost = GpuCost.from_config(cfg)
     assert cost.price.chunk_s == pytest.approx(3 * 3 * c.fallback_dit_forward_s + c.fallback_vae_chunk_s)

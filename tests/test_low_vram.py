@@ -31,6 +31,7 @@ from tasks.config import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
 from tasks.infinitetalk.options import memory_need
+from tasks.infinitetalk.settings import section_config
 from tasks.picture.geometry import BUCKET_TABLES
 from tasks.render.shot import render_shot_result
 from tasks.timeline.shot_key import shot_settings
@@ -38,7 +39,7 @@ from tests.media import decode_all
 from tests.test_infinitetalk import _job, resident, ws_root  # noqa: F401 (fixtures)
 
 GIB = 2**30
-OPTS = load_config().infinitetalk
+OPTS = section_config(load_config())
 
 
 def _opts(**changes) -> object:
@@ -177,7 +178,10 @@ def test_offload_setting_forced_and_never_on_cpu():
 
 def test_config_keys_validated_and_offload_outside_the_shot_key():
     base = load_config()
-    assert base.infinitetalk.offload == "auto" and base.infinitetalk.vae_tiling == "auto"
+    assert (
+        base.sections["infinitetalk"]["offload"] == "auto"
+        and base.sections["infinitetalk"]["vae_tiling"] == "auto"
+    )
     with pytest.raises(ConfigError, match="infinitetalk.offload"):
         load_config(overrides=["infinitetalk.offload=maybe"])
     with pytest.raises(ConfigError, match="vae_tile_px"):

@@ -13,11 +13,13 @@ import pytest
 import yaml
 
 from flows.cli import main
+from tasks.backends import backend_option
 from tasks.config import load_config
 from tasks.decision.plan_file import plan_document, plan_overrides, read_plan, to_config_overrides, write_plan
 from tasks.errors import ConfigError
 from tasks.media.probe import probe
 from tasks.render.backend import check_backend_options
+from tasks.timeline.shot_key import shot_config
 from tests.media import make_audio, make_clip
 
 SPANS = [{"index": i, "start_frame": 24 * i, "end_frame": 24 * (i + 1)} for i in range(3)]
@@ -69,13 +71,16 @@ def test_overrides_map_onto_config_keys(tmp_path: Path):
     fields = {"dub": False, "seed": 100, "steps": 12, "color_strength": 0.5, "prompt": "whispering"}
     assert to_config_overrides(4, fields) == {
         "gate": {"overrides": {"4": "skip"}},
-        "infinitetalk": {"prompt": "whispering", "seed": 96, "steps": 12},  # the sampler adds the index
+        "backend": {
+            "options": {"prompt": "whispering", "seed": 96, "steps": 12}
+        },  # the sampler adds the index
         "color": {"strength": 0.5},
     }
-    # backend.options win over the infinitetalk section, so the plan's value goes there too
-    cfg = load_config(overrides=["backend.options.steps=30"]).to_dict()
+    # the model's fields are backend options, over the run's own (which win over the backend's section)
+    cfg = load_config(overrides=["backend.options.steps=30", "backend.options.seed=7"]).to_dict()
     got = plan_overrides(_plan(tmp_path, steps=6), cfg, SPANS, check_options=check_backend_options)
-    assert got[1]["backend"]["options"]["steps"] == 6 and got[1]["infinitetalk"]["steps"] == 6
+    assert got[1]["backend"]["options"] == {"steps": 6, "seed": 7}
+    assert backend_option(shot_config(cfg, got[1]), "steps") == 6
 
 
 def test_the_plan_shows_the_estimate_regions(tmp_path: Path):

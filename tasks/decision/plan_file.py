@@ -35,7 +35,7 @@ OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file'
     "speaker": "dub this face track (a speaker id of auto.regions) over the whole shot",
     "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes: dub this box",
     "prompt": "text prompt for this shot",
-    "seed": "this shot's sampler seed (automatic: infinitetalk.seed + shot index)",
+    "seed": "this shot's sampler seed (automatic: the run's seed + shot index)",
     "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
     "steps": "sampling steps",
     "color_strength": "colour matching strength, 0 = off",
@@ -165,8 +165,12 @@ def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dic
     return out
 
 
-def to_config_overrides(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """A shot's plan overrides as nested config updates (`tasks.timeline.shot_key.shot_config` merges them)."""
+def to_config_overrides(
+    index: int, fields: Mapping[str, Any], options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A shot's plan overrides as nested config updates (`tasks.timeline.shot_key.shot_config` merges them).
+    The model's fields (prompt, seed, denoise_strength, steps) are backend options: they go over the run's
+    `backend.options` (given as `options`), which win over the backend's own sections."""
     out: dict[str, dict[str, Any]] = {}
     gate = {
         "overrides": None if "dub" not in fields else {str(index): "dub" if fields["dub"] else "skip"},
@@ -178,12 +182,12 @@ def to_config_overrides(index: int, fields: Mapping[str, Any]) -> dict[str, Any]
     talk = {
         "prompt": fields.get("prompt"),
         "seed": None if "seed" not in fields else fields["seed"] - index,  # the sampler adds the index
-        "denoise_strength": fields.get("denoise_strength"),
+        "denoise_strength": None if "denoise_strength" not in fields else float(fields["denoise_strength"]),
         "steps": fields.get("steps"),
     }
     talk = {k: v for k, v in talk.items() if v is not None}
     if talk:
-        out["infinitetalk"] = talk
+        out["backend"] = {"options": {**dict(options or {}), **talk}}
     if "color_strength" in fields:
         out["color"] = {"strength": float(fields["color_strength"])}
     return out
@@ -225,10 +229,7 @@ def plan_overrides(
     options = dict(config["backend"]["options"])
     out = {}
     for index, entry in sorted(plan.items()):
-        overrides = to_config_overrides(index, entry["overrides"])
-        shadowed = {k: v for k, v in overrides.get("infinitetalk", {}).items() if k in options}
-        if shadowed:  # backend.options win over the infinitetalk section: the plan must win over both
-            overrides["backend"] = {"options": {**options, **shadowed}}
+        overrides = to_config_overrides(index, entry["overrides"], options)
         if not overrides:
             continue
         try:

@@ -1,6 +1,6 @@
 """The InfiniteTalk backend: decide which shots to dub, then dub a face crop of each chunk by chunk.
 
-This `__init__` only exposes the package's public names; it holds no code. Per shot
+This `__init__` only exposes the package's public names, imported on first use; it holds no code. Per shot
 (`tasks.render.shot.render_shot_result` drives it through the `GatingBackend` protocol):
 
 1. `prepare_shot` — the gate (`tasks.decision.shot_decision.decide_shot`): speech in the dub track's slice, then
@@ -31,26 +31,30 @@ top: tiny, timeline, timing, region_map, cache, options -> chunk -> resident -> 
 backend. Every file logs to the one package logger, `tasks.infinitetalk`.
 """
 
-from tasks.infinitetalk.backend import InfiniteTalkBackend
-from tasks.infinitetalk.cache import ensure_tiny_root
-from tasks.infinitetalk.options import VaeTiling, load_spec, offload_decision, resolve_options
-from tasks.infinitetalk.region_map import ShotRegion, display_box_to_coded
-from tasks.infinitetalk.resident import ResidentModels
-from tasks.infinitetalk.timeline import FeatureTimeline, check_plan_agreement, shot_feature_range
-from tasks.infinitetalk.tiny import TINY_BANNER
+import importlib
+from typing import Any
 
-__all__ = [
-    "TINY_BANNER",
-    "FeatureTimeline",
-    "InfiniteTalkBackend",
-    "ResidentModels",
-    "ShotRegion",
-    "VaeTiling",
-    "check_plan_agreement",
-    "display_box_to_coded",
-    "ensure_tiny_root",
-    "load_spec",
-    "offload_decision",
-    "resolve_options",
-    "shot_feature_range",
-]
+# name -> the module that defines it: imported on first use (PEP 562), so `tasks.infinitetalk.settings`,
+# which every config asks (`tasks.backends`), is importable without the model
+_EXPORTS = {
+    "InfiniteTalkBackend": "backend",
+    "ensure_tiny_root": "cache",
+    "VaeTiling": "options",
+    "load_spec": "options",
+    "offload_decision": "options",
+    "resolve_options": "options",
+    "ShotRegion": "region_map",
+    "display_box_to_coded": "region_map",
+    "ResidentModels": "resident",
+    "FeatureTimeline": "timeline",
+    "check_plan_agreement": "timeline",
+    "shot_feature_range": "timeline",
+    "TINY_BANNER": "tiny",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

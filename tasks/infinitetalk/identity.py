@@ -5,12 +5,14 @@ Reads file names, sizes and mtimes only; loads nothing.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from model.weights.layout import QUANTS, TINY_WEIGHTS_SEED, WeightsLayout
+from tasks.infinitetalk.settings import SECTION, effective_options
 
 
 def weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:
@@ -18,8 +20,7 @@ def weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:
     files (relative names, sizes, mtimes; moving the folder keeps it). Hidden entries (a downloader's
     `.cache/`) are not weights. The multi-person checkpoint counts only for a shot that can run two speakers
     (``multi``: it has two or more stems), so adding it to a root re-renders no one-speaker shot."""
-    backend = config["backend"]
-    opts = {**config["infinitetalk"], **backend.get("options", {})}
+    opts = effective_options(copy.deepcopy(dict(config)))[SECTION]
     if opts.get("weights") is None:
         return f"tiny-random-seed{TINY_WEIGHTS_SEED}"
     root = Path(str(opts["weights"]))

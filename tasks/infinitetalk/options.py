@@ -34,8 +34,9 @@ from model.runtime.offload import (
 )
 from model.weights.layout import gguf_bytes_per_weight, is_gguf
 from model.weights.loading import LoadSpec
-from tasks.config import InfiniteTalkConfig, PipelineConfig
+from tasks.config import PipelineConfig, build_section
 from tasks.errors import ConfigError
+from tasks.infinitetalk.settings import PRESETS, SECTION, InfiniteTalkConfig, PresetsConfig
 from tasks.infinitetalk.timeline import WAV2VEC_RATE
 from tasks.infinitetalk.tiny import tiny_hw
 from tasks.picture.geometry import BUCKET_TABLES
@@ -60,8 +61,13 @@ def resolve_options(
             "backend.options", f"unknown infinitetalk option {unknown[0]} (known: {', '.join(known)})"
         )
     data = cfg.to_dict()
-    data["infinitetalk"] = with_preset({**data["infinitetalk"], **dict(overrides or {})}, data["presets"])
-    opts = PipelineConfig.from_dict(data, source="backend.options").infinitetalk
+    presets = build_section(PresetsConfig, data[PRESETS], "backend.options", f"{PRESETS}.")
+    section = with_preset({**data[SECTION], **dict(overrides or {})}, vars(presets))
+    opts = build_section(InfiniteTalkConfig, section, "backend.options", f"{SECTION}.")
+    if opts.gpus_per_shot < 1:  # (a loaded config is checked already: tasks.infinitetalk.settings)
+        raise ConfigError(
+            "backend.options", f"infinitetalk.gpus_per_shot: must be >= 1, got {opts.gpus_per_shot}"
+        )
     for i, lora in enumerate(opts.loras):
         if not isinstance(lora.get("path"), str) or not isinstance(lora.get("scale", 1.0), int | float):
             raise ConfigError(

@@ -20,7 +20,7 @@ import numpy as np
 from model.sampling.conditioning import speaker_masks
 from model.sampling.sampler import sampler_preset
 from model.sampling.stream import StreamState
-from tasks.config import InfiniteTalkConfig, PipelineConfig
+from tasks.config import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import resident
@@ -28,6 +28,7 @@ from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.multi import stem_feature_files, two_speakers
 from tasks.infinitetalk.options import TiledVAE, VaeTiling, resolve_device
 from tasks.infinitetalk.region_map import ShotRegion, to_tensor, to_uint8
+from tasks.infinitetalk.settings import InfiniteTalkConfig
 from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
 from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
 from tasks.infinitetalk.tiny import label_tiny, tiny_hw

@@ -9,11 +9,13 @@ bucket and maps them back with `ShotPlan.conform_indices` and `ModelGeometry.fro
 each chunk `state()` may return something picklable (e.g. motion latents) that the renderer
 checkpoints, so a restarted shot resumes at the next chunk.
 
-Backends are looked up by name in `BACKENDS` ("module:attribute" strings, imported lazily so
-asking for `passthrough` never imports the model). A factory that takes a `config` keyword also gets
-the whole `PipelineConfig`.
+Backends are looked up by name in the ground registry `tasks.backends.BACKENDS` ("module:attribute"
+strings, imported lazily so asking for `passthrough` never imports the model). A factory that takes a
+`config` keyword also gets the whole `PipelineConfig`.
 
-Hooks a backend class may carry, asked through this registry so generic code names no backend:
+Hooks a backend class may carry, asked through the registry so generic code names no backend:
+`effective_options(config, for_key=)` (its own sections with `backend.options` applied:
+`tasks.backends.effective_options`),
 `check_options(config)` (`check_backend_options`), `weights_identity(config, multi=)` (what a shot key
 records of its weights, `backend_weights_identity`), `price(config, fallbacks=)` and
 `shot_price(price, plan, regions)` (GPU seconds, `backend_price`, `backend_shot_price`),
@@ -30,7 +32,6 @@ and hands the decision and the film-level `ShotContext` (run workspace, dialogue
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tasks.backends import backend_factory
 from tasks.config import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import ConfigError
@@ -193,12 +195,6 @@ class PassthroughBackend:
         return _PassthroughSession(geometry, self.via_model)
 
 
-BACKENDS: dict[str, str] = {
-    "passthrough": "tasks.render.backend:PassthroughBackend",
-    "infinitetalk": "tasks.infinitetalk:InfiniteTalkBackend",
-}
-
-
 def get_backend(
     name: str, options: dict[str, Any] | None = None, *, config: PipelineConfig | None = None
 ) -> Backend:
@@ -207,19 +203,6 @@ def get_backend(
     if config is not None and "config" in inspect.signature(factory).parameters:
         return factory(dict(options or {}), config=config)
     return factory(dict(options or {}))
-
-
-def backend_factory(name: str) -> Any:
-    """The registered factory (class) of backend `name`, imported now; ConfigError when unknown."""
-    if name not in BACKENDS:
-        raise ConfigError("backend.name", f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
-    module_name, attr = BACKENDS[name].split(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as ex:
-        raise ConfigError(
-            "backend.name", f"backend {name!r} is not available ({BACKENDS[name]}: {ex})"
-        ) from ex
 
 
 def backend_weights_identity(config: Mapping[str, Any], *, multi: bool = False) -> str:

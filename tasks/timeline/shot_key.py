@@ -36,9 +36,9 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
+from tasks.backends import effective_options
 from tasks.media.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 5  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
@@ -119,10 +119,11 @@ def shot_config(config: Mapping[str, Any], overrides: Mapping[str, Any] | None) 
 def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
     """The pixel-affecting part of a shot's effective config (see the module docstring).
 
-    For the infinitetalk backend `backend.options` is applied over the `infinitetalk` section first (it
-    wins there too), and the weights path is left out (`weights_identity` stands for the files).
+    The backend's options are made effective first (its `effective_options` hook through the registry,
+    `tasks.backends`: options applied over its own sections, the weights path left out since
+    `weights_identity` stands for the files).
     """
-    data = copy.deepcopy(dict(config))
+    data = effective_options(config, for_key=True)
     gate = data.get("gate", {})
     for name in (k for k in PER_SHOT_GATE if k in gate):
         own = [v for k, v in gate[name].items() if str(k) == str(index)]
@@ -132,17 +133,6 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
             gate[name] = own[-1]
         else:  # absent, not None: a shot without one keeps the key it had before these maps existed
             del gate[name]
-    backend = data.get("backend", {})
-    if backend.get("name") == "infinitetalk" and "infinitetalk" in data:
-        data["infinitetalk"] = {**data["infinitetalk"], **backend.get("options", {})}
-        backend["options"] = {}
-        data["infinitetalk"].pop("weights", None)
-        if not data["infinitetalk"].get("distilled"):  # the default adds nothing: existing keys stay valid
-            data["infinitetalk"].pop("distilled", None)
-        data["infinitetalk"]["loras"] = [
-            [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
-            for lo in data["infinitetalk"].get("loras", ())
-        ]
     cast = data.get("cast") or {}
     if not cast.get("shot") and not cast.get("undub"):  # no characters in play: keys as before `cast:`
         data.pop("cast", None)
@@ -153,13 +143,6 @@ def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:
         elif isinstance(data.get(section), dict):
             data[section].pop(leaf, None)
     return data
-
-
-def _file_identity(path: Path) -> str:
-    if not path.is_file():
-        return f"absent:{path.name}"
-    st = path.stat()
-    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
 # -------------------------------------------------------------------------------------------- audio

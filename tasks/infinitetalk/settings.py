@@ -1,0 +1,125 @@
+"""The InfiniteTalk backend's own settings: the typed `infinitetalk:` and `presets:` sections and how
+`backend.options` combine with them.
+
+The YAML sections stay where users write them (`configs/default.yaml` holds every default); the ground
+config keeps them as plain mappings (`PipelineConfig.sections`) and this backend types them when it resolves
+its options (`tasks.infinitetalk.options.resolve_options`). `effective_options` is the backend's hook in the
+registry (`tasks.backends`): the one place that says `backend.options` win over the `infinitetalk` section,
+for shot keys, the plan file and the CLI alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tasks.config import build_section
+from tasks.errors import ConfigError
+
+SECTION = "infinitetalk"  # the YAML section of this backend's options
+PRESETS = "presets"  # the values `infinitetalk.preset` fills in
+
+
+@dataclass(frozen=True)
+class InfiniteTalkConfig:
+    """The InfiniteTalk backend: weights, precision, sampling (`backend.options` may override any key)."""
+
+    weights: str | None  # weights root in the official layout; None = tiny random weights (pipeline check)
+    mode: Literal["tiny", "infinitetalk-480", "infinitetalk-720"]
+    device: str  # auto | cpu | cuda | cuda:N
+    gpus_per_shot: int  # >= 1: N-way sequence parallelism over N resident ranks (GPUs 0..N-1 visible)
+    dtype: Literal["bfloat16", "float16", "float32"]
+    quant: Literal[
+        "none", "fp8", "int8", "gguf-Q8_0", "gguf-Q6_K", "gguf-Q5_K", "gguf-Q5_K_M", "gguf-Q5_K_S",
+        "gguf-Q4_K", "gguf-Q4_K_M", "gguf-Q4_K_S", "gguf-F16", "gguf-BF16",
+    ]  # fmt: skip  # gguf-<tag>: a GGUF DiT (model.weights.layout.GGUF_QUANTS)
+    loras: tuple[dict, ...]  # ({path, scale}, ...) merged in order
+    t5_cpu: bool
+    prompt: str
+    negative_prompt: str
+    preset: Literal[
+        "quality", "fast"
+    ]  # fills the keys below left None (`presets`; tasks.infinitetalk.options)
+    steps: int | None  # None: the preset's (quality: the mode's)
+    shift: float | None
+    text_guide_scale: float | None  # None only before the preset is applied
+    audio_guide_scale: float | None
+    use_apg: bool
+    apg_momentum: float
+    apg_norm_threshold: float
+    teacache: float | None  # TeaCache threshold; None = off
+    denoise_strength: float
+    seed: int
+    batch_branches: bool
+    profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
+    compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
+    warm_up: bool | None  # the load's warm-up at the planned model sizes; None = auto (where compiled)
+    fp8_compute: (
+        Literal["auto", True, False] | None
+    )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported
+    fp8_attention: Literal["auto", True, False] | None  # self-attention as cuDNN fp8 attention (Hopper)
+    vae_dtype: Literal["float32", "bfloat16"] | None  # VAE precision on a GPU (CPU runs: float32)
+    offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
+    vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
+    vae_tile_px: int  # tile side with vae_tiling: true (tiles overlap by a quarter)
+    distilled: bool  # the root's DiT is already step-distilled (merged): the fast preset needs no LoRA
+
+
+@dataclass(frozen=True)
+class PresetsConfig:
+    """The values `infinitetalk.preset` fills in (each a mapping of `infinitetalk` keys)."""
+
+    quality: dict[str, Any]
+    fast: dict[str, Any]
+
+
+def section_config(config: Any) -> InfiniteTalkConfig:
+    """The `infinitetalk:` section of a `PipelineConfig` as written (no `backend.options`, no preset
+    applied: `tasks.infinitetalk.options.resolve_options` does both)."""
+    return InfiniteTalkConfig(**config.sections[SECTION])
+
+
+def typed_sections(sections: dict[str, Any], where: str) -> dict[str, Any]:
+    """This backend's sections of `PipelineConfig.sections` type-checked (ConfigError naming `where` and the
+    key: an unknown, missing or ill-typed key) and returned as the typed values' plain mappings (YAML's
+    `1` for a float field becomes `1.0`), as every config is built."""
+    out = dict(sections)
+    for name, cls in ((SECTION, InfiniteTalkConfig), (PRESETS, PresetsConfig)):
+        if name in out:
+            out[name] = dataclasses.asdict(build_section(cls, out[name], where, f"{name}."))
+    if SECTION in out and out[SECTION]["gpus_per_shot"] < 1:
+        raise ConfigError(
+            where, f"{SECTION}.gpus_per_shot: must be >= 1, got {out[SECTION]['gpus_per_shot']}"
+        )
+    return out
+
+
+def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[str, Any]:
+    """`config` (a plain config dict, changed in place and returned) with `backend.options` applied over the
+    `infinitetalk` section and cleared. `for_key`: what a shot key records: the weights path left out
+    (`weights_identity` stands for the files), `distilled` only when set (keys from before it stay valid),
+    LoRA paths as file identities (name, size, mtime)."""
+    backend = config.get("backend", {})
+    if SECTION not in config:
+        return config
+    section = {**config[SECTION], **backend.get("options", {})}
+    backend["options"] = {}
+    if for_key:
+        section.pop("weights", None)
+        if not section.get("distilled"):
+            section.pop("distilled", None)
+        section["loras"] = [
+            [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
+            for lo in section.get("loras", ())
+        ]
+    config[SECTION] = section
+    return config
+
+
+def _file_identity(path: Path) -> str:
+    if not path.is_file():
+        return f"absent:{path.name}"
+    st = path.stat()
+    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
