@@ -196,7 +196,10 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) 
     from flows.estimate import estimate_film
     from tasks.backends import backend_option
     from tasks.decision.plan_file import plan_document, write_plan
+    from tasks.media.deliver import check_replaceable
 
+    # before any work: never over an input, a user's file or an edited plan (the delivery rules)
+    check_replaceable(args.out, [args.source, args.audio, args.cast, args.config, *stems.values()])
     est = estimate_film(args.source, args.audio, cfg, stems)
     seed = int(backend_option(cfg.to_dict(), "seed", 0))  # the plan's seed column: shot k uses seed + k
     shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
@@ -257,11 +260,11 @@ def cmd_dub(args: argparse.Namespace) -> int:
     cfg = _config(args, extra)
     from tasks.media.assemble import check_output_path
     from tasks.media.profiles import check_container
-    from tasks.render.preflight import check_config
+    from tasks.render.preflight import check_run_config
     from tasks.run.outputs import local_output, local_output_allowed
 
     # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
-    check_config(cfg)
+    check_run_config(cfg)
     check_output_path(args.out, args.source, args.audio, args.mix)
     check_container(cfg.encode, args.out)
     local_output(args.out)  # anywhere the user says; never a file dubflow did not write

@@ -58,6 +58,8 @@ from flows.film_tasks import (
     default_output,
     export_timeline,
     film_tag,
+    film_workspace_key,
+    timeline_paths,
     workspace_root,
 )
 from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
@@ -68,17 +70,17 @@ from flows.report import group_report, publish_groups, reused_shots, shot_rows, 
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
-from tasks.backends import BACKENDS
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
+from tasks.media.deliver import check_names
 from tasks.media.profiles import check_container
-from tasks.render.preflight import check_config
+from tasks.render.preflight import check_run_config
 from tasks.render.shot import PREVIEW_LABEL
-from tasks.run.inputs import check_inputs_unchanged, input_identity
-from tasks.run.outputs import confine_output, output_comment
+from tasks.run.inputs import check_inputs_unchanged, input_identity, portable
+from tasks.run.outputs import check_overwrite, confine_output, output_comment
 from tasks.run.run_lock import hold_lock
 from tasks.run.workspace import (
     Workspace,
@@ -253,7 +255,7 @@ def run_pipeline(
     """
     t0 = time.monotonic()
     noted = input_identity([source, audio, mix, plan, *(stems or {}).values()])  # checked before assembling
-    cfg, out, stems = _checked(source, audio, out, mix, config, plan, stems)
+    cfg, out, stems = _checked(source, audio, out, mix, config, plan, stems, overwrite)
     steps = FlowSteps(runner, cfg, source, out, overwrite, held, mix)
     needs_gpu = cfg.backend.name != "passthrough"
     prepared = prepare_film(source, audio, cfg, steps, stems=stems, plan=plan, decide=needs_gpu)
@@ -261,13 +263,16 @@ def run_pipeline(
     film = {
         "tag": film_tag(source), "source": source, "video": prepared.video, "dialogue": prepared.track.to_dict(),
         "config": steps.cfgd, "stems": {character: t["path"] for character, t in prepared.stems.items()},
+        "source_identity": portable(noted[source]) if source in noted else None,  # each shot checks it
     }  # fmt: skip
     t_prepared = time.monotonic()
     rendered = render_groups(runner, steps.ws, film, prepared.records, cfg)
     t_rendered = time.monotonic()
     audio_path, pad = (mix, steps.mix_action == "pad") if mix else (audio, prepared.track.action == "pad")
     check_inputs_unchanged(noted)  # a source or dub replaced while shots rendered: nothing mixed
-    final = deliver(runner, steps.ws, film, prepared.records, rendered, out, audio_path, pad, cfg, steps.dest)
+    final = deliver(
+        runner, steps.ws, film, prepared.records, rendered, out, audio_path, pad, cfg, steps.dest, noted
+    )  # and again once the final encode has read them, before anything is moved into place
     t_end = time.monotonic()
     timings = {
         "prepare (probe, shots, audio, plan)": t_prepared - t0,
@@ -283,9 +288,10 @@ def run_pipeline(
 
 def _checked(
     source: str, audio: str, out: str | None, mix: str | None, config: dict[str, Any], plan: str | None,
-    stems: dict[str, str] | None,
+    stems: dict[str, str] | None, overwrite: bool = False,
 ) -> tuple[PipelineConfig, str, dict[str, str]]:  # fmt: skip
-    """Before any work: the config (with the plan's character names), the output path, the cast, the backend."""
+    """Before any work (nothing probed, decoded or created yet): the config (with the plan's character
+    names), the backend and its options, the output path and every file it delivers, the cast."""
     cfg = PipelineConfig.from_dict(config)
     # every process of the run (group runs on other hosts too) sees the one resolved workspace root
     root = confine_workspace_root(workspace_root(cfg), source)  # a run parameter: confined like `out`
@@ -293,18 +299,19 @@ def _checked(
     out = out or default_output(source)
     check_output_path(out, source, audio, mix)
     check_container(cfg.encode, out)
-    check_config(cfg)
+    check_run_config(cfg)  # the backend's own options too: none fails first on a worker
     stems = parse_stems(stems, "stems")
     if plan:  # the shot plan's characters: section names the automatic clusters
         cfg = dataclasses.replace(
             cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **plan_names(plan)})
         )
     check_cast(cfg, stems)  # stills exist, stems and undub name characters: before any work
+    sidecars = timeline_paths(out, cfg.to_dict())
+    check_names([out, *sidecars])  # its record, lock, staging names fit too
     out = str(confine_output(out, source))  # resolved, under an output root, not a foreign file
-    if cfg.backend.name not in BACKENDS:
-        raise ConfigError(
-            "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
-        )
+    key = film_workspace_key(source, cfg)  # the claim checks again, under the output's locks
+    for target in (out, *timeline_paths(out, cfg.to_dict())):
+        check_overwrite(target, key, overwrite, Path(out).name)
     return cfg, out, stems
 
 
@@ -364,6 +371,7 @@ def render_groups(
 def deliver(
     runner: Any, ws: Workspace, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
     out: str, audio_path: str, pad: bool, cfg: PipelineConfig, dest: Any = None,
+    inputs: dict[str, list[int | str]] | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """The film assembled from the verified shot results, its edit-suite timeline, the workspace removed
     when `workspace.keep` is off: {"output", "timeline"}. `dest`: the claimed output
@@ -374,9 +382,10 @@ def deliver(
     final = runner.call(
         assemble_film, film["video"], paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
         stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None), dest=dest, key=ws.key,
+        noted=inputs,
     )  # fmt: skip
     args = (final, film["source"], film["video"], records, rows, audio_path, cfgd)
-    timeline = runner.call(export_timeline, *args, name=name, dest=dest, key=ws.key)
+    timeline = runner.call(export_timeline, *args, name=name, dest=dest, key=ws.key, noted=inputs)
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
     return {"output": final, "timeline": timeline}

@@ -8,6 +8,7 @@ per group lives here (that is `flows/shot_task.py` and `flows/runners.py`), and 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from fractions import Fraction
@@ -23,22 +24,26 @@ from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_json
+from tasks.files import atomic_write_json, bound_body, write_bound_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
-from tasks.media.deliver import Destination, deliver, staging
+from tasks.media.deliver import Destination, deliver, staging, written_record
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import backend_model_size, backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
+from tasks.run.inputs import check_inputs_unchanged
 from tasks.run.run_files import BadRunFile, read_run_file
 from tasks.run.workspace import (
     DONE,
+    STORE_LAYOUT,
     Workspace,
+    config_hash,
     film_fingerprint,
     open_workspace,
     stable_hash,
     verify_shot_done,
+    workspace_key,
 )
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 from tasks.timeline.plan import plan_film
@@ -89,9 +94,19 @@ def probe_source(source: str, config: dict[str, Any], name: str = "") -> dict[st
 def open_film_workspace(source: str, config: dict[str, Any], root: str, name: str = "") -> dict[str, str]:
     """Create or reopen the film's run workspace (one per film and pass: quality or preview)."""
     cfg = PipelineConfig.from_dict(config)
-    ws = open_workspace(root, source, {"pass": "preview" if cfg.workspace.preview else "quality"})
+    ws = open_workspace(root, source, _pass(cfg))
     run_logger(log).info("workspace %s", ws.path)
     return ws.as_dict()
+
+
+def _pass(cfg: PipelineConfig) -> dict[str, str]:
+    """What a film's workspace is keyed by besides the film: its pass (quality or preview)."""
+    return {"pass": "preview" if cfg.workspace.preview else "quality"}
+
+
+def film_workspace_key(source: str, cfg: PipelineConfig) -> str:
+    """The key `open_film_workspace` gives `source`'s workspace, computed without creating anything."""
+    return workspace_key(source, film_fingerprint(source), config_hash(_pass(cfg)), STORE_LAYOUT)
 
 
 def dialogue_wav(ws: Workspace, audio: str) -> str:
@@ -101,17 +116,30 @@ def dialogue_wav(ws: Workspace, audio: str) -> str:
 
 @task(task_run_name="shots {name}")
 def find_shots(video: dict[str, Any], config: dict[str, Any], ws: dict[str, str], name: str = "") -> dict:
-    """Frame-exact shot partition of the whole film; kept in the workspace per detection config, so a
-    re-run skips detection."""
+    """Frame-exact shot partition of the whole film; kept in the workspace per detection config, bound to
+    the film it was detected in (`tasks.files.write_bound_json`), so a re-run skips detection and a
+    partition of another film, other settings or damaged is set aside and detected again."""
     cfg = PipelineConfig.from_dict(config)
     saved = Workspace.from_dict(ws).path / f"shots-{stable_hash([cfg.probe, cfg.shots], length=12)}.json"
-    kept = read_run_file(saved, checked_shots)  # damaged: set aside (logged), detected again
+    made_from = {"film": film_fingerprint(video["path"]), "frames": video["frame_count"], "fps": video["fps"],
+                 "probe": cfg.probe, "shots": cfg.shots}  # fmt: skip
+    kept = read_run_file(saved, functools.partial(_bound_shots, made_from))  # else set aside (logged)
     if kept is not None:
         return kept
     shots = detect_shots(VideoInfo.from_dict(video), cfg.shots)
     run_logger(log).info("%d shot(s): cuts at %s", len(shots.shots), [s.start_frame for s in shots.shots[1:]])
-    atomic_write_json(saved, shots.to_dict())
+    if film_fingerprint(video["path"]) == made_from["film"]:  # kept only when read from what it names
+        write_bound_json(saved, made_from, shots.to_dict())
     return shots.to_dict()
+
+
+def _bound_shots(made_from: dict[str, Any], data: Any) -> dict[str, Any]:
+    """A saved partition made from `made_from` (`tasks.files.bound_body`) that tiles the film, else BadRunFile."""
+    try:
+        body = bound_body(data, made_from)
+    except ValueError as exc:
+        raise BadRunFile(str(exc)) from exc
+    return checked_shots(body)
 
 
 def checked_shots(data: Any) -> dict[str, Any]:
@@ -342,17 +370,21 @@ def assemble_film(
     stamp: str | None = None,
     dest: dict[str, Any] | None = None,
     key: str = "",
+    noted: dict[str, list[int | str]] | None = None,
 ) -> str:
     """Join the shots, encode once, mux the dubbed audio, write `out` atomically.
 
     `dest`: the output folder and files as `tasks.run.outputs.claim_output` found them (checked again
-    at the final rename); `key`: the workspace key the delivery record names.
+    at the final rename); `key`: the workspace key the delivery record names; `noted`: the run's
+    inputs as noted when it began (`tasks.run.inputs`), verified again after the encode read them.
 
     `records`: the shots' file records from their done markers, each verified before use (a shot
     that fails is marked not done, so a re-run renders it again). `stamp`: the output's container
     comment (`tasks.run.outputs.output_comment`: the dubflow stamp, plus the preview label of a preview).
     Skipped when `out` is the file this workspace last assembled from the same shot files, audio and
-    encode settings (`assembled.json`): re-running a finished film costs no second encode.
+    encode settings (`assembled.json`) and its delivery record (this user's own, the file's bytes still
+    its SHA-256) names those bytes: re-running a finished film costs no second encode, and an edited
+    output is never "up to date".
     """
     cfg = PipelineConfig.from_dict(config)
     inputs = stable_hash(
@@ -367,12 +399,9 @@ def assemble_film(
     )
     stamp_path = Path(workdir) / "assembled.json"
     last = read_run_file(stamp_path, _mapping)  # `last`: never shadow the `stamp` parameter
-    if last is not None and Path(out).is_file():
-        st = Path(out).stat()
-        if last.get("inputs") == inputs and [last.get("size"), last.get("mtime_ns")] == [
-            st.st_size,
-            st.st_mtime_ns,
-        ]:
+    if last is not None and last.get("inputs") == inputs:
+        delivered = written_record(out)  # this user's own record, the file's bytes still its (hashed)
+        if delivered is not None and delivered.get("sha256") == last.get("sha256"):
             run_logger(log).info(
                 "%s is up to date (same shots, audio and encode settings): not re-encoded", out
             )
@@ -389,16 +418,15 @@ def assemble_film(
             stamp=stamp,
             dest=None if dest is None else Destination.from_dict(dest),
             key=key,
+            check=functools.partial(check_inputs_unchanged, noted) if noted else None,
         )
     except IntermediateError as exc:  # changed since it was verified: not done any more
         (Path(exc.path).parent / DONE).unlink(missing_ok=True)
         raise IntermediateError(
             exc.path, f"{exc.problem}; marked not done, re-run to render it again"
         ) from exc
-    st = Path(final).stat()
-    atomic_write_json(
-        stamp_path, {"inputs": inputs, "out": final, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    )
+    delivered = written_record(final) or {}
+    atomic_write_json(stamp_path, {"inputs": inputs, "out": final, "sha256": delivered.get("sha256")})
     return final
 
 
@@ -414,6 +442,7 @@ def export_timeline(
     name: str = "",
     dest: dict[str, Any] | None = None,
     key: str = "",
+    noted: dict[str, list[int | str]] | None = None,
 ) -> str:
     """`<out stem>.otio` next to `out`: source shots, dubbed shots (their lossless intermediates when the
     workspace is kept, else their range of `out`) and the dub audio (`<out stem>.dub.wav`, 48 kHz
@@ -445,7 +474,8 @@ def export_timeline(
             staged = [write_post_wav(audio_path, folder / wav.name, **post)]
             staged += [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
             staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
-            _, path, *extras = [deliver(where, f, f.name, key) for f in staged]
+            check_inputs_unchanged(noted or {})  # the dub track read above is still the one noted
+            _, path, *extras = [deliver(where, f, f.name, key, Path(out).name) for f in staged]
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
     for extra in extras:
         run_logger(log).info("edit-suite timeline %s", extra)

@@ -25,9 +25,11 @@ from flows.progress import ShotProgress, artifact_key, shot_run_name
 from flows.runtime import run_logger, where_am_i
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
+from tasks.files import discard
 from tasks.media.intermediates import read_marker, write_marker
 from tasks.render.backend import Backend, backend_warm_up, get_backend, planned_shot
 from tasks.render.shot import ShotJob, prepare_decision, render_shot_result, write_job_qc
+from tasks.run.inputs import InputChanged, check_input
 from tasks.run.run_lock import hold_lock
 from tasks.run.workspace import SHOT_LOCK, Workspace, log_attempt, mark_shot_done, read_shot_done
 from tasks.timeline.shot_key import shot_config
@@ -35,6 +37,8 @@ from tasks.timeline.shot_key import shot_config
 log = logging.getLogger(__name__)
 
 QC_RECORD = "qc.json"  # in the shot's folder: its QC artefacts' paths and what writing them took
+INTERMEDIATE = "shot.mkv"  # in the shot's folder: its rendered file
+CHUNKS = "shot.chunks"  # in the shot's folder: its chunk checkpoints (`tasks.render.shot`)
 
 
 class InjectedFault(RuntimeError):
@@ -126,7 +130,7 @@ def shot_job(ws: Workspace, film: dict[str, Any], shot: dict[str, Any]) -> ShotJ
         shot["plan"],
         film["dialogue"],
         tuple(shot["audio_range"]),
-        str(ws.shot_dir(shot["index"], shot["key"]) / "shot.mkv"),
+        str(ws.shot_dir(shot["index"], shot["key"]) / INTERMEDIATE),
         config,
         work_dir=str(ws.path),  # per-film caches and QC previews live in the run workspace
         stems=dict(film.get("stems") or {}),  # character -> checked stem wav (`dubflow dub --stem`)
@@ -181,7 +185,9 @@ def _render_unlocked(
     where = where_am_i()
     t0 = time.monotonic()
     try:
+        _same_source(film, ws.shot_dir(index, key))  # the file the shot keys were made from ...
         raw = render_shot_result(job, on_progress=report if hooks else None, backend=backends.get(), qc=False)
+        _same_source(film, ws.shot_dir(index, key))  # ... still, after its frames were read
     except Exception as exc:
         log_attempt(ws, {"shot": index, "key": key, "status": "failed", "reason": failure_reason(exc), **where,
                          "seconds": round(time.monotonic() - t0, 3)})  # fmt: skip
@@ -201,6 +207,20 @@ def _render_unlocked(
         },
     )
     return result
+
+
+def _same_source(film: dict[str, Any], shot_dir: Path) -> None:
+    """InputChanged when the film's source is no longer the file noted when the run began; what the shot
+    rendered from it so far (its chunk checkpoints) is removed: never kept under the original's key."""
+    noted = film.get("source_identity")
+    if not noted:
+        return
+    try:
+        check_input(film["video"]["path"], noted, ": this shot is not kept; re-run to dub the file as it is")
+    except InputChanged:
+        discard(shot_dir / CHUNKS)
+        discard(shot_dir / INTERMEDIATE)
+        raise
 
 
 def _shot_cache_key(_context: Any, parameters: dict[str, Any]) -> str:

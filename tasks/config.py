@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from tasks.backends import BACKENDS, settings_hook
+from tasks.documents import load_yaml, parse_yaml
 from tasks.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -390,12 +389,7 @@ def _build(cls: type, data: Any, where: str, prefix: str) -> Any:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(path, "config file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as ex:
-        raise ConfigError(path, f"invalid YAML: {' '.join(str(ex).split())}") from ex
+    data = load_yaml(path, "config file")  # a regular file, bounded, no aliases (tasks/documents.py)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -423,8 +417,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if len(parts) < 2 or not all(parts):
         raise ConfigError("--set", f"{key!r}: expected section.key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw, "--set") if raw.strip() else ""
+    except ConfigError:  # not YAML (or an alias, never expanded: tasks/documents.py): the text itself
         value = raw
     return parts, value
 

@@ -16,7 +16,6 @@ Must not decide whether a shot is dubbed (`tasks.decision.gate`, `tasks.decision
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -24,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from tasks.config import PipelineConfig
 from tasks.decision.characters import Character, TrackFaces, display_name, link_characters, shot_characters
 from tasks.decision.overrides import ShotOverrides, dub_action
 from tasks.decision.stems import NAME, shot_speech
+from tasks.documents import load_yaml
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_bytes
+from tasks.files import digest_of, head_tail_fingerprint, read_bound_json, write_bound_json
 from tasks.perception.face_analysis import ShotFaces
 
 log = logging.getLogger(__name__)
@@ -43,12 +42,7 @@ AUTO_ID = "c"  # automatic character ids: c1, c2, ...
 def read_cast_file(path: str | Path) -> dict[str, Any]:
     """The `cast:` updates of a cast file (relative still paths resolved against the file's folder)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(p, "cast file not found")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as ex:
-        raise ConfigError(p, f"cannot read the cast file: {' '.join(str(ex).split())}") from ex
+    data = load_yaml(p, "cast file")  # a regular file, bounded, no aliases (tasks/documents.py)
     if not isinstance(data, dict):
         raise ConfigError(p, "a cast file is a mapping: characters: {NAME: [still, ...]}, undub: [NAME]")
     unknown = sorted(set(data) - set(CAST_KEYS))
@@ -156,17 +150,22 @@ def shot_embeddings(
     info: Any, start: int, end: int, faces: ShotFaces, cfg: PipelineConfig, faces_file: Path | None
 ) -> dict[int, np.ndarray]:
     """{track: (k, 128)} of one shot, read from / written next to its face analysis file."""
-    from tasks.perception.face_id import track_embeddings
+    from tasks.perception.face_id import MODEL_ID, track_embeddings
 
     cache = _embeddings_cache(faces_file, cfg)
-    if cache is not None and cache.is_file():
+    made_from = None if cache is None else {
+        "film": head_tail_fingerprint(info.path), "frames": [start, end], "model": MODEL_ID,
+        "samples": cfg.cast.samples, "faces": digest_of(faces.to_dict()),
+    }  # fmt: skip
+    saved = read_bound_json(cache, made_from, "embeddings cache") if cache is not None else None
+    if saved is not None:
         try:
-            return {int(k): np.array(v).reshape(-1, 128) for k, v in json.loads(cache.read_text()).items()}
-        except (ValueError, OSError) as ex:
+            return {int(k): np.array(v).reshape(-1, 128) for k, v in saved.items()}
+        except (ValueError, TypeError, AttributeError) as ex:
             log.warning("%s: unreadable embeddings cache (%s): computing them again", cache, ex)
     emb = track_embeddings(info, start, end, faces, cfg.cast.samples)
     if cache is not None:
-        atomic_write_bytes(cache, json.dumps({str(k): v.round(6).tolist() for k, v in emb.items()}).encode())
+        write_bound_json(cache, made_from, {str(k): v.round(6).tolist() for k, v in emb.items()})
     return emb
 
 
@@ -266,10 +265,7 @@ def plan_characters(characters: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def plan_names(path: str | Path) -> dict[str, str]:
     """{automatic id: NAME} a user set in a shot plan's `characters:` section (one-line errors)."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as ex:
-        raise ConfigError(p, f"cannot read the shot plan ({' '.join(str(ex).split())})") from ex
+    data = load_yaml(p, "shot plan")
     section = (data or {}).get("characters") if isinstance(data, dict) else None
     if section is None:
         return {}

@@ -25,11 +25,13 @@ import yaml
 
 from tasks.config import PipelineConfig
 from tasks.decision.overrides import region_overrides
+from tasks.documents import load_yaml
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_bytes
+from tasks.media.deliver import write_delivered
 from tasks.timeline.shot_key import shot_config
 
 FORMAT = "dubflow-shot-plan/1"
+PLAN_KEY = "shot-plan"  # the key a delivered plan file's record names (any plan dubflow wrote is replaced)
 OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file's legend)
     "dub": "auto | yes | no",
     "speaker": "dub this face track (a speaker id of auto.regions) over the whole shot",
@@ -97,27 +99,24 @@ def _region(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
-    """Write the plan YAML with a legend of the override fields on top (atomically)."""
+    """Write the plan YAML with a legend of the override fields on top (`tasks.media.deliver.write_delivered`:
+    atomically, with its record, never over an input or a file dubflow did not write: `check_replaceable`
+    says so before any work)."""
     legend = "\n".join(f"#   {name}: {meaning}" for name, meaning in OVERRIDES.items())
     head = (
         "# dubflow shot plan: edit the `override:` fields of any shot (null / auto = the automatic choice),\n"
         "# then: dubflow dub FILM --audio DUB --out OUT --plan THIS_FILE (only changed shots re-render).\n"
         f"# `auto:` is what dubflow chose on its own (read only).\n{legend}\n"
     )
-    path = Path(path)
     body = yaml.safe_dump(dict(document), sort_keys=False, allow_unicode=True, width=110)
-    return atomic_write_bytes(path, (head + body).encode())
+    # by the delivery rules: never over a file dubflow did not write (a user's edit of an earlier plan too)
+    return write_delivered(path, (head + body).encode(), PLAN_KEY)
 
 
 def read_plan(path: str | Path) -> dict[int, dict[str, Any]]:
     """{shot index: (start_frame, end_frame) and the overrides set}; a bad file is a one-line ConfigError."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as ex:
-        raise ConfigError(path, f"cannot read the shot plan ({ex.strerror or ex})") from ex
-    except yaml.YAMLError as ex:
-        raise ConfigError(path, f"invalid YAML: {' '.join(str(ex).split())}") from ex
+    data = load_yaml(path, "shot plan")  # a regular file, bounded, no aliases (tasks/documents.py)
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shots"), list):
         raise ConfigError(path, f"not a dubflow shot plan (expected format: {FORMAT} and a shots: list)")
     out: dict[int, dict[str, Any]] = {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from tasks.decision.overrides import ShotOverrides, needs_faces, precedence, sho
 from tasks.decision.record import ShotDecision
 from tasks.decision.stems import cast_turns
 from tasks.errors import ConfigError
-from tasks.files import atomic_write_bytes
+from tasks.files import head_tail_fingerprint, read_bound_json, write_bound_json
 from tasks.media.probe import VideoInfo
 from tasks.perception.face_analysis import ShotFaces, analyse_shot, source_speech
 from tasks.perception.speech import SpeechInfo, detect_speech
@@ -59,12 +58,21 @@ def _dub_digest(mono: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(mono, dtype=np.float32).tobytes()).hexdigest()[:20]
 
 
-def _cached_faces(cache: Path, mono: np.ndarray) -> ShotFaces | None:
-    """The analysis in ``cache``, unless its speech timeline came from a dub slice that has changed."""
+def faces_made_from(info: VideoInfo, start: int, end: int, cfg: PipelineConfig) -> dict[str, Any]:
+    """What a shot's face analysis is made from: the film's content, the frames and the analysis settings
+    (its cache is bound to it: `tasks.files.write_bound_json`)."""
+    return {"film": head_tail_fingerprint(info.path), "frames": [start, end], "speaker": cfg.speaker}
+
+
+def _cached_faces(cache: Path, mono: np.ndarray, made_from: dict[str, Any]) -> ShotFaces | None:
+    """The analysis in ``cache`` when it was made from `made_from` (else removed, logged), unless its speech
+    timeline came from a dub slice that has changed."""
+    saved = read_bound_json(cache, made_from, "face analysis")
+    if saved is None:
+        return None
     try:
-        saved = json.loads(cache.read_text())
         faces = ShotFaces.from_dict(saved)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged: never a stuck state
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged: never a stuck state
         log.warning(
             "%s: unreadable face analysis (%s: %s): analysing the shot again", cache, type(exc).__name__, exc
         )
@@ -107,17 +115,20 @@ def needed_faces(
     speech = detect_speech(mono, sample_rate, cfg.speaker)
     faces = None
     if needs_faces(ov, precedence(ov, cfg.gate.policy, speech), cfg.region.mode):
-        if cache is not None and cache.is_file():
-            faces = _cached_faces(cache, mono)
+        made_from = faces_made_from(info, start, end, cfg) if cache is not None else {}
+        if cache is not None:
+            faces = _cached_faces(cache, mono, made_from)
         if faces is None:
             if planned:
                 log.warning(
                     "shot %04d: no face analysis from planning (%s): analysing it here", ov.index, cache
                 )
             faces = shot_faces(info, start, end, mono, sample_rate, cfg)
-            if cache is not None:
+            if (
+                cache is not None and faces_made_from(info, start, end, cfg) == made_from
+            ):  # the film read is the one named
                 dub = None if faces.source_audio else _dub_digest(mono)
-                atomic_write_bytes(cache, json.dumps({**faces.to_dict(), "dub_audio": dub}).encode())
+                write_bound_json(cache, made_from, {**faces.to_dict(), "dub_audio": dub})
     elif cfg.region.mode == "full":
         faces = _no_faces(info, start, end)
     return speech, faces

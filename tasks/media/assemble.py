@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -201,6 +202,7 @@ def assemble(
     stamp: str | None = None,
     dest: Destination | None = None,
     key: str = "",
+    check: Callable[[], None] | None = None,
 ) -> str:
     """Encode the film from its shot intermediates and mux `audio`; return the output path.
 
@@ -208,6 +210,8 @@ def assemble(
     the container's `comment` tag (see `build_encode_args`). The output is verified (frame count, frame
     rate) before it is moved into place; its mode follows the umask. `dest`: where it goes, as checked
     when the run began (`tasks.media.deliver`: staged privately, delivered with a record for `key`).
+    `check`: called after the encode, before anything is moved into place (the run's inputs re-verified
+    once they have been read: raises to deliver nothing).
     """
     o = check_output_path(out, info.path, audio.path if audio else None)
     check_container(cfg, o)
@@ -243,10 +247,14 @@ def assemble(
     if dest is not None:  # a private staging folder, then the checked rename (tasks/media/deliver.py)
         with staging(dest, o.name) as folder:
             _encode(info, build(info, listing, audio, cfg, folder / o.name, muxer, stamp), folder / o.name, o)
+            if check is not None:
+                check()
             deliver(dest, folder / o.name, o.name, key)
     else:
         with atomic_path(o) as tmp:
             _encode(info, build(info, listing, audio, cfg, tmp, muxer, stamp), tmp, o)
+            if check is not None:
+                check()
     if segments:
         prune(work / SEGMENT_DIR, segments)  # what no version of this film uses any more
     log.info("wrote %s (%d frames at %s fps)", o, info.frame_count, info.fps)

@@ -6,8 +6,10 @@ are intra-only), its timestamps `n / fps` from 0 in a timescale of the rate's nu
 NTSC rates). Its name is a hash of the intermediate's SHA-256, the frame rate, geometry and colour
 tags and the encode arguments (`segment_key`), so a later assembly after a one-shot edit encodes only
 the shot whose pixels changed and joins the others' very same bytes (`tasks.media.assemble`): their
-frames in the new deliverable are bit-identical to the previous one's. Segments no film version uses
-any more are removed after a join (`prune`).
+frames in the new deliverable are bit-identical to the previous one's. A segment is reused only when
+the record written beside it (`tasks.files.bind_file`: its key, size and SHA-256) still holds: one
+swapped for another shot's, replaced or damaged (even with the right frame count) is encoded again.
+Segments no film version uses any more are removed after a join (`prune`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from tasks.config import EncodeConfig
 from tasks.errors import DecodeError
-from tasks.files import atomic_path
+from tasks.files import atomic_path, bind_file, bound_file_ok, discard
 from tasks.media import ffmpeg
 from tasks.media.intermediates import count_packets, sha256_file
 from tasks.media.native import intermediate_pix_fmt
@@ -111,8 +113,10 @@ def encode_segment(
     """The segment of one shot: (path, True) when it was encoded now, (path, False) when reused.
     A failure is a DecodeError naming the deliverable `out` (its final encode failed) and the shot."""
     digest = shot_sha256 or sha256_file(shot)
-    path = folder / f"{segment_key(info, cfg, digest)}.mov"
-    if path.is_file() and count_packets(path) == frames:  # a damaged or truncated one is encoded again
+    key = segment_key(info, cfg, digest)
+    path = folder / f"{key}.mov"
+    made_from = {"segment": key, "frames": frames}
+    if bound_file_ok(path, made_from, "shot segment"):  # swapped, damaged or unrecorded: encoded again
         return path, False
     folder.mkdir(parents=True, exist_ok=True)
     what = f"final encode failed in the segment of {Path(shot).name}:"
@@ -123,6 +127,7 @@ def encode_segment(
         got = count_packets(tmp)
         if got != frames:
             raise DecodeError(out, f"{what} {got} frames written, expected {frames}")
+    bind_file(path, made_from)
     return path, True
 
 
@@ -132,6 +137,7 @@ def prune(folder: Path, keep: list[Path]) -> int:
     n = 0
     for p in folder.glob("*.mov"):
         if p.name not in wanted:
-            p.unlink(missing_ok=True)
+            discard(p)
+            discard(p.with_name(f"{p.name}.made.json"))
             n += 1
     return n

@@ -2,7 +2,8 @@
 
 Run before any shot is rendered (and, where only a header is needed, before Prefect starts):
 
-* config values that cannot work at all (`check_config`): named as config errors, not film errors;
+* config values that cannot work at all (`check_config`; a dub run's backend and its options too:
+  `check_run_config`): named as config errors, not film errors;
 * the delivery pixel format against the coded frame size (`check_frame_size`): 4:2:0 needs even
   widths and heights, 4:2:2 an even width. dubflow does NOT pad or crop (that would change the
   delivered picture): it stops with the fix, ``--set encode.pix_fmt=yuv444p`` or an even-sized source;
@@ -20,9 +21,11 @@ import re
 import shutil
 from pathlib import Path
 
+from tasks.backends import BACKENDS
 from tasks.config import PipelineConfig
 from tasks.errors import ConfigError, MediaError
 from tasks.picture.geometry import BUCKET_TABLES
+from tasks.render.backend import check_backend_options
 
 # chroma subsampling of common delivery formats: (horizontal, vertical) divisor the size must meet
 _SUBSAMPLING = (
@@ -50,6 +53,18 @@ def check_config(cfg: PipelineConfig) -> None:
         raise ConfigError("frames.bucket", f"{cfg.frames.bucket!r} is not one of {', '.join(BUCKET_TABLES)}")
     if not 0 < cfg.checks.ffv1_ratio <= 2:
         raise ConfigError("checks.ffv1_ratio", f"{cfg.checks.ffv1_ratio} must be in (0, 2]")
+
+
+def check_run_config(cfg: PipelineConfig) -> None:
+    """Everything about a dub run's config that can be checked without the film, before any work:
+    `check_config`, the backend's name and its own options (`check_backend_options`, nothing loaded),
+    so that no value fails first on a GPU worker, after the film's preparation, with advice to re-run."""
+    check_config(cfg)
+    if cfg.backend.name not in BACKENDS:
+        raise ConfigError(
+            "backend.name", f"unknown backend {cfg.backend.name!r} (known: {', '.join(BACKENDS)})"
+        )
+    check_backend_options(cfg)
 
 
 def check_frame_size(path: str | Path, width: int, height: int, pix_fmt: str) -> None:

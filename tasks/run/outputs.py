@@ -10,9 +10,11 @@ which is proven by the record dubflow keeps of what it delivered (``.<name>.dubf
 SHA-256 and workspace key, `tasks.media.deliver`), never by a tag a copy would keep: a re-run of the
 same film and pass (one workspace) replaces its own output, anything else only with ``overwrite``;
 a file dubflow did not write (or one changed since) is never replaced. The same holds for the
-edit-suite sidecars (``.otio``, ``.edl``, ``.xml``). From `claim_output` to the end of the run the
-output is locked (``.<name>.dubflow.lock``): a second film started with the same ``out`` fails at once
-naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
+sidecars (``.dub.wav``, ``.otio``, ``.edl``, ``.xml``), which belong to the output they were delivered
+with (their record names it): two outputs of one stem (``x.mp4``, ``x.mkv``) would share them, so
+``overwrite`` of one never replaces the other's. From `claim_output` to the end of the run every file
+the output delivers is locked (``.<name>.dubflow.lock``, the film's and each sidecar's): a second film
+started with the same ``out``, or with another output sharing a sidecar, fails at once naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
 `output_comment`) for people and tools; nothing trusts it. The local ``dubflow dub --out`` is not
 confined (`local_output`): its user chose the path at their own shell; only the foreign-file rule
 applies to it. No Prefect here.
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from tasks.errors import OutputError
 from tasks.media import ffmpeg
-from tasks.media.deliver import clean_stale, destination, written_record
+from tasks.media.deliver import LOCK_SUFFIX, NOT_OURS, clean_stale, destination, written_record
 from tasks.run.run_lock import hold_lock
 
 log = logging.getLogger(__name__)
@@ -90,17 +92,24 @@ def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) 
     return resolved
 
 
-NOT_OURS = "exists and was not written by dubflow (or was changed since): refusing to overwrite it"
-
-
-def check_overwrite(out: str | os.PathLike[str], key: str, overwrite: bool) -> None:
-    """An existing dubflow output is replaced only by a run of the same workspace, or with `overwrite`."""
+def check_overwrite(
+    out: str | os.PathLike[str], key: str, overwrite: bool, output: str | None = None
+) -> None:
+    """An existing dubflow output is replaced only by a run of the same workspace, or with `overwrite`;
+    a file delivered with another output (`output`: the name of the one being made) never."""
     path = Path(out)
     if not (path.exists() or path.is_symlink()):
         return
     record = written_record(path)
     if record is None:
         raise OutputError(out, NOT_OURS)
+    owner = record.get("output")
+    if output is not None and owner is not None and owner != output:
+        raise OutputError(
+            out,
+            f"was delivered with the dubflow output {owner}, not {output}: refusing to replace it "
+            "(remove it, or choose another output name)",
+        )
     if record.get("key") != key and not overwrite:
         raise OutputError(
             out,
@@ -117,16 +126,18 @@ def claim_output(
     sidecars: Sequence[str | os.PathLike[str]] = (),
     run: str = "",
 ) -> dict:
-    """Lock `out` for the rest of the run (`held`), remove what a killed run left there, check that
-    `out` and its `sidecars` may be replaced, and note what is there (`tasks.media.deliver.Destination`,
+    """Lock `out` and each of its `sidecars` for the rest of the run (`held`), remove what a killed run
+    left there, check that they may be replaced, and note what is there (`tasks.media.deliver.Destination`,
     as a dict: the final renames check it again)."""
     path = Path(out)
-    lock = path.with_name(f".{path.name}.dubflow.lock")
-    held.enter_context(hold_lock(lock, f"output {path}", run=run))  # another film at the same out: fails
-    held.callback(_unlink_quietly, lock)  # removed while still held (a waiter then locks a fresh file)
+    for target in (path, *map(Path, sidecars)):  # the same order in every run: the first shared one decides
+        lock = target.with_name(f".{target.name}{LOCK_SUFFIX}")
+        what = f"output {path}" if target == path else f"{target} (a file output {path.name} delivers)"
+        held.enter_context(hold_lock(lock, what, run=run))  # another run delivering it: fails at once
+        held.callback(_unlink_quietly, lock)  # removed while still held (a waiter then locks a fresh file)
     clean_stale(path.parent, path.name)
     for target in (path, *map(Path, sidecars)):
-        check_overwrite(target, key, overwrite)
+        check_overwrite(target, key, overwrite, path.name)
     return destination([path, *map(Path, sidecars)]).to_dict()
 
 

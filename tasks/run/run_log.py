@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tasks.run.workspace_roots import confine_workspace_root
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -37,9 +39,12 @@ def console_handler(level: int) -> logging.Handler:
 
 
 def log_path(root: str | os.PathLike[str], source: str | os.PathLike[str]) -> Path:
-    """Where a run of `source` logs: ``<root>/.logs/dub-<UTC time>-<pid>-<film stem>.log``."""
+    """Where a run of `source` logs: ``<root>/.logs/dub-<UTC time>-<pid>-<film stem>.log``; `root` is a
+    workspace root the run may use (`tasks.run.workspace_roots.confine_workspace_root`: ConfigError, and
+    nothing created, when it is not)."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Path(root).expanduser().resolve() / ".logs" / f"dub-{stamp}-{os.getpid()}-{Path(source).stem}.log"
+    folder = confine_workspace_root(root, source) / ".logs"
+    return folder / f"dub-{stamp}-{os.getpid()}-{Path(source).stem[:100]}.log"
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ from typing import Any
 from tasks.files import (
     WorkspaceError,
     atomic_write_json,
+    head_tail_fingerprint,
     json_bytes,
     jsonable,
     publish_once,
@@ -122,19 +123,12 @@ class Workspace:
 
 
 def film_fingerprint(film: str | os.PathLike[str]) -> str:
-    """Cheap content fingerprint of a (large) film file: size, mtime and first/last MiB hashed."""
-    path = Path(film)
+    """Cheap content fingerprint of a (large) film file: size, mtime and first/last MiB hashed
+    (`tasks.files.head_tail_fingerprint`: a regular file only, never waited on)."""
     try:
-        st = path.stat()
-        digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:".encode())
-        with path.open("rb") as fh:
-            digest.update(fh.read(MIB))
-            if st.st_size > MIB:
-                fh.seek(max(MIB, st.st_size - MIB))
-                digest.update(fh.read(MIB))
+        return head_tail_fingerprint(film)
     except OSError as exc:
-        raise WorkspaceError(f"{path}: cannot fingerprint film ({exc.strerror or exc})") from exc
-    return digest.hexdigest()[:32]
+        raise WorkspaceError(f"{film}: cannot fingerprint film ({exc.strerror or exc})") from exc
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:
