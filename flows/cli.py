@@ -260,15 +260,16 @@ def cmd_dub(args: argparse.Namespace) -> int:
     cfg = _config(args, extra)
     from tasks.media.assemble import check_output_path
     from tasks.media.profiles import check_container
-    from tasks.render.preflight import check_run_config
+    from tasks.render.preflight import check_config, check_run_config
     from tasks.run.outputs import local_output, local_output_allowed
 
     # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
-    check_run_config(cfg)
+    check_config(cfg)
     check_output_path(args.out, args.source, args.audio, args.mix)
     check_container(cfg.encode, args.out)
     local_output(args.out)  # anywhere the user says; never a file dubflow did not write
     stems = _check_dub_inputs(args, cfg)
+    check_run_config(cfg)  # the backend's own options (imports it: after the header-only checks)
     from flows.film_tasks import workspace_root
     from tasks.run.run_log import log_path, run_log
 

@@ -23,7 +23,7 @@ from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
-from tasks.errors import ConfigError
+from tasks.errors import ConfigError, OutputError
 from tasks.files import atomic_write_json, bound_body, write_bound_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
@@ -464,18 +464,17 @@ def export_timeline(
         Path(source).stem, fps, source, video["frame_count"], shots, wav, out, timecode=video.get("timecode")
     )
     formats = [name for name in EXTRA_FORMATS if getattr(cfg.timeline, name)]
-    if dest is None:
-        write_post_wav(audio_path, wav, **post)
-        path = write_timeline(Path(out).with_suffix(".otio"), timeline)
-        extras = write_extra_timelines(Path(out), timeline, formats)
-    else:  # staged privately, then delivered like the film (never over a file dubflow did not write)
-        where = Destination.from_dict(dest)
-        with staging(where, Path(out).name) as folder:
-            staged = [write_post_wav(audio_path, folder / wav.name, **post)]
-            staged += [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
-            staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
-            check_inputs_unchanged(noted or {})  # the dub track read above is still the one noted
-            _, path, *extras = [deliver(where, f, f.name, key, Path(out).name) for f in staged]
+    if dest is None:  # every writer through the delivery rules: only a claimed output gets sidecars
+        raise OutputError(
+            out, "no claimed destination (tasks.run.outputs.claim_output): sidecars not written"
+        )
+    where = Destination.from_dict(dest)  # staged privately, then delivered like the film
+    with staging(where, Path(out).name) as folder:
+        staged = [write_post_wav(audio_path, folder / wav.name, **post)]
+        staged += [write_timeline(folder / Path(out).with_suffix(".otio").name, timeline)]
+        staged += write_extra_timelines(folder / Path(out).name, timeline, formats)
+        check_inputs_unchanged(noted or {})  # the dub track read above is still the one noted
+        _, path, *extras = [deliver(where, f, f.name, key, Path(out).name) for f in staged]
     run_logger(log).info("edit-suite timeline %s (OpenTimelineIO)", path)
     for extra in extras:
         run_logger(log).info("edit-suite timeline %s", extra)

@@ -7,17 +7,17 @@ output root. The roots come from the host running the film flow, never from run 
 the project's ``out/`` (``DUBFLOW_OUT_DIR``, default ``./out``). A missing output folder under a
 root is created, with a log line naming it. An existing file is replaced only when dubflow wrote it,
 which is proven by the record dubflow keeps of what it delivered (``.<name>.dubflow.json``: size,
-SHA-256 and workspace key, `tasks.media.deliver`), never by a tag a copy would keep: a re-run of the
+SHA-256, workspace key and output, owned by this user: `tasks.media.deliver`), never by a tag a copy would keep: a re-run of the
 same film and pass (one workspace) replaces its own output, anything else only with ``overwrite``;
 a file dubflow did not write (or one changed since) is never replaced. The same holds for the
 sidecars (``.dub.wav``, ``.otio``, ``.edl``, ``.xml``), which belong to the output they were delivered
 with (their record names it): two outputs of one stem (``x.mp4``, ``x.mkv``) would share them, so
 ``overwrite`` of one never replaces the other's. From `claim_output` to the end of the run every file
 the output delivers is locked (``.<name>.dubflow.lock``, the film's and each sidecar's): a second film
-started with the same ``out``, or with another output sharing a sidecar, fails at once naming the first. The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``,
-`output_comment`) for people and tools; nothing trusts it. The local ``dubflow dub --out`` is not
-confined (`local_output`): its user chose the path at their own shell; only the foreign-file rule
-applies to it. No Prefect here.
+started with the same ``out``, or with another output sharing a sidecar, fails at once naming the first.
+The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``, `output_comment`) for
+people and tools; nothing trusts it. The local ``dubflow dub --out`` is not confined (`local_output`):
+its user chose the path at their own shell; only the foreign-file rule applies to it. No Prefect here.
 """
 
 from __future__ import annotations
