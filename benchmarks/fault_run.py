@@ -69,7 +69,8 @@ def film_shots(ws_root: Path) -> int | None:
     """The number of shots the film run detected (its workspace's `shots-*.json`): the soak film's
     flat shots can detect as fewer than `--shots` when two neighbouring textures are alike."""
     for path in ws_root.glob("*/shots-*.json"):
-        return len(json.loads(path.read_text())["shots"])
+        data = json.loads(path.read_text())
+        return len(data.get("body", data)["shots"])  # bound to its film since issue 47 (`body`)
     return None
 
 
