@@ -258,6 +258,12 @@ class SpeakerConfig:
     asd_max_faces: int  # tracks scored per shot at most (the most active mouths): bounds the cost
     voice_min_cos: float  # one face, two voices (GE2E cosine below this): its lines are uncertain; 0 = off
     voice_min_s: float  # ... lines shorter than this are not compared (tasks.perception.voices)
+    # content (tasks.perception.content, content_fusion): mouth shapes against the sound's content
+    content: Literal["auto", "off"]  # auto: whenever the film has its own audio; off: rhythm alone
+    content_on: float  # two or more faces: the best face's fit at least this, leading every other by
+    content_margin: float  # ... this much, is the speaker
+    content_lone: float  # a lone face fitting at least this says the speech, confidently
+    content_min_s: float  # segments are scored over at least this much of the shot
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float
