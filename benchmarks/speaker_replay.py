@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import sys
 import tempfile
@@ -39,18 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tasks.perception.asd_speaker as asd_speaker
 import tasks.perception.face_analysis as face_analysis
+from scripts.fit_content_prior import load_heads
 from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.files import atomic_write_bytes
 from tasks.media.probe import probe
-from tasks.perception.content import ContentMap, audio_features, load_prior
+from tasks.perception.content import ContentMap, audio_features, fit, load_prior
 from tasks.perception.content_fusion import ContentEvidence
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.vad import RATE
 from tasks.perception.verdict import STAGES, VerdictInputs, speaker_verdict
-from tests.av_cases import av_cases, judge
+from tests.av_cases import SETS, av_cases, judge
 from tests.speaker_cases import SR, encode
 
 RULES = {"shot", "out_of_sync", *STAGES}  # what --without can leave out
@@ -139,9 +141,11 @@ def _arrays(inputs: VerdictInputs | None, voice: np.ndarray | None) -> dict[str,
 class Replayer:
     """The rules after the analysis, on one directory of records; voice embeddings computed once per span."""
 
-    def __init__(self, root: Path, cfg: Any, content_map: ContentMap | None = None) -> None:
+    def __init__(self, root: Path, cfg: Any, heads: Path | None = None) -> None:
         self.cfg = cfg
-        self.content_map = load_prior() if content_map is None else content_map
+        self.prior = load_prior()
+        # with ``heads`` (scripts/fit_content_prior.py --cache): per case a map fitted without its own seeds
+        self.heads = None if heads is None else load_heads(heads)
         self.cases = []
         for meta_path in sorted(root.glob("*.json")):
             meta = json.loads(meta_path.read_text())
@@ -160,6 +164,21 @@ class Replayer:
 
         return embed
 
+    @functools.cache  # noqa: B019 (one Replayer per run)
+    def _map_without(self, seeds: frozenset[int]) -> ContentMap:
+        assert self.heads is not None
+        rest = [k for k in self.heads if k not in seeds]
+        x = np.concatenate([self.heads[k][0] for k in rest])
+        return fit(x, np.concatenate([self.heads[k][1] for k in rest]), self.prior.lam)
+
+    def content_map(self, name: str) -> ContentMap:
+        """The map a case is judged with: the shipped prior, or (``heads``) one fitted without the case's seeds."""
+        if self.heads is None:
+            return self.prior
+        m = SETS.get(name.split("/")[0])
+        seeds = frozenset((m.a, m.b, m.c)) if m is not None else frozenset()
+        return self._map_without(seeds & set(self.heads))
+
     def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
         """One case's verdict with the named rules left out and ``hook`` run on the confident segments."""
         if meta["agreed"] is None:  # no stage ran (no face): as recorded
@@ -170,7 +189,7 @@ class Replayer:
         if "shapes" in arr and "voice" in arr:
             feats = audio_features(arr["voice"], RATE, n, fps)
             content = ContentEvidence(
-                self.content_map.predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, arr["still"]
+                self.content_map(meta["name"]).predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, arr["still"]
             )
         voices = self._voices_of(meta) if "voice" in arr else None
         inputs = VerdictInputs(
@@ -291,13 +310,15 @@ def main() -> None:
     ap.add_argument(
         "--margin-box", action="append", default=[], metavar="NET:AGR", help="replay: also with a margin box"
     )
+    ap.add_argument("--heads", type=Path, help="replay: the heads' cache of scripts/fit_content_prior.py: "
+                    "each case judged by a content map fitted without its own seeds (no prior leak)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     if args.step == "record":
         record(args.splits.split(","), args.dir, cfg)
         return
-    rep = Replayer(args.dir, cfg)
+    rep = Replayer(args.dir, cfg, args.heads)
     recorded = {m["name"]: m["verdict"] for m in rep.cases}
     n = collections.Counter(recorded.values())
     print(
