@@ -295,6 +295,9 @@ class QcSettings:
 
     enabled: bool
     height: int
+    # the output check (tasks/perception/lip_check.py): the dubbed face's mouth shapes against the dub track's
+    # content; a fit below this (or no mouth found) flags the shot for review; 0 = off
+    lip_min_fit: float = 0.1
 
 
 @dataclass(frozen=True)
