@@ -19,6 +19,7 @@ Must not decode media nor decide who speaks (`tasks.perception.content_fusion` d
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -67,7 +68,8 @@ def log_mel(samples: np.ndarray, rate: int, n_frames: int, fps: float) -> np.nda
 
 def zscore(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """``x`` minus its mean over ``axis``, over its std (NaN-aware; a flat column gives zeros)."""
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column (a face never measured): NaN
         mu = np.nanmean(x, axis=axis, keepdims=True)
         sd = np.nanstd(x, axis=axis, keepdims=True)
     return np.where(sd > 1e-6, (x - mu) / np.where(sd > 1e-6, sd, 1.0), 0.0)
