@@ -188,8 +188,12 @@ class Replayer:
         content = None
         if "shapes" in arr and "voice" in arr:
             feats = audio_features(arr["voice"], RATE, n, fps)
+            shot = meta["shot"]  # faces too small to judge: median side in analysis pixels
+            to_analysis = shot["analysis_hw"][0] / shot["display_hw"][0]
+            small = np.array([t["side_px"] * to_analysis < sp.content_min_px for t in shot["tracks"]], bool)
+            still = arr["still"] | small[: len(arr["still"])] if len(small) >= len(arr["still"]) else arr["still"]
             content = ContentEvidence(
-                self.content_map(meta["name"]).predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, arr["still"]
+                self.content_map(meta["name"]).predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, still
             )
         voices = self._voices_of(meta) if "voice" in arr else None
         inputs = VerdictInputs(

@@ -264,6 +264,7 @@ class SpeakerConfig:
     content_margin: float  # ... this much, is the speaker
     content_lone: float  # a lone face fitting at least this says the speech, confidently
     content_min_s: float  # segments are scored over at least this much of the shot
+    content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float

@@ -6,9 +6,9 @@ alone has nothing to be ranked against; mouth shapes against the sound's content
 verdict (scored over at least ``min_s``, centred on it, so a short line is judged on its neighbourhood too)
 each scored face gets its content fit (`tasks.perception.content.segment_scores`):
 
-- two or more faces: the best face at ``on`` or above, leading every other by ``margin``, is the speaker,
-  confidently, whatever rhythm said; a confident speaker that another face out-says by ``margin`` is
-  uncertain (both named);
+- two or more faces: the best face at ``on`` or above, leading every other by ``margin``, settles an
+  uncertain segment (it is the speaker, confidently) and confirms a confident one; a confident speaker that
+  another face out-says by ``margin`` is uncertain (both named): content and rhythm disagreeing is a review;
 - a lone face at ``lone`` or above says the speech: confident (the simplest shot of any film);
 - otherwise the verdict stands (content cannot separate them: that is what "uncertain" is for), an
   uncertain segment naming the best-fitting face when content has one.
@@ -46,7 +46,7 @@ class ContentEvidence:
     shapes: np.ndarray
     speech: np.ndarray
     fps: float
-    still: np.ndarray  # (n_tracks,) bool: still pictures never speak
+    still: np.ndarray  # (n_tracks,) bool: not judged (still pictures, faces too small for their mouth's shape)
 
     def scores(self, f0: int, f1: int, least: int) -> np.ndarray:
         """(n_tracks,) content fit over [f0, f1) widened to ``least`` frames (NaN: not scored there)."""
@@ -78,15 +78,16 @@ def judge_content(
         best, who = ranked[0]
         strength = float(np.clip(best, 0.0, 1.0))
         if len(ranked) == 1:
-            if best >= cs.lone:
+            if best >= cs.lone and seg.speaker in (None, who):
                 seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
                                           score=round(max(seg.score, 0.5 + 0.5 * strength), 3))  # fmt: skip
             out.append(seg)
             continue
         second, rival = ranked[1]
-        if best >= cs.on and best - second >= cs.margin:
+        decisive = best >= cs.on and best - second >= cs.margin
+        if decisive and (seg.status != "speaker" or seg.speaker == who):
             seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
-                                      score=round(max(0.5 + 0.5 * strength, 0.5), 3))  # fmt: skip
+                                      score=round(max(seg.score, 0.5 + 0.5 * strength), 3))  # fmt: skip
         elif seg.status == "speaker" and seg.speaker != who and best - _fit(c, seg.speaker) >= cs.margin:
             seg = dataclasses.replace(seg, status="uncertain", runner_up=seg.speaker, speaker=who,
                                       score=round(0.5 * seg.score, 3))  # fmt: skip

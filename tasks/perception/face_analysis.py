@@ -386,7 +386,8 @@ def analyse_frames(
         feats = audio_features(np.asarray(audio, np.float32), RATE, n_frames, fps)
         observed = track_shapes(shapes.rows([tr.id for tr in tracks]))
         evidence = ContentEvidence(
-            cmap.predict(feats), observed, speech_prob >= 0.5, fps, still_tracks(change, settings)
+            cmap.predict(feats), observed, speech_prob >= 0.5, fps,
+            still_tracks(change, settings) | np.array([tr.side() < cfg.content_min_px for tr in tracks], bool),
         )
         content_steps = _step_rows(content_rows(evidence.pred, observed, evidence.speech, fps), n_frames, step, 3)
     voices = None
