@@ -374,6 +374,8 @@ def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:
             # YAML may read "480" as an int; accept the string spelling of a choice
             if str(value) in choices:
                 return str(value)
+            if value is False and "off" in choices:  # YAML 1.1 reads a bare `off` as false
+                return "off"
             raise ConfigError(where, f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
         return value
     if origin in (types.UnionType, typing.Union):
