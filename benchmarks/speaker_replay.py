@@ -52,7 +52,7 @@ from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.vad import RATE
 from tasks.perception.verdict import STAGES, VerdictInputs, speaker_verdict
-from tests.av_cases import SETS, av_cases, judge
+from tests.av_cases import SETS, av_cases, close_up, judge
 from tests.speaker_cases import SR, encode
 
 RULES = {"shot", "out_of_sync", *STAGES}  # what --without can leave out
@@ -95,7 +95,12 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for split in splits:  # one set at a time: a set's frames are ~1 GB
-                for name, case in av_cases((split,)).items():
+                made = (
+                    {f"close_up/close_up_{i}": close_up(i) for i in range(1, 10)}  # a lone face saying its own line
+                    if split == "close_up"
+                    else av_cases((split,))
+                )
+                for name, case in made.items():
                     if _file(root, name).with_suffix(".json").is_file():
                         continue
                     seen.clear()
@@ -175,8 +180,11 @@ class Replayer:
         """The map a case is judged with: the shipped prior, or (``heads``) one fitted without the case's seeds."""
         if self.heads is None:
             return self.prior
-        m = SETS.get(name.split("/")[0])
+        split, case = name.split("/")
+        m = SETS.get(split)
         seeds = frozenset((m.a, m.b, m.c)) if m is not None else frozenset()
+        if split == "close_up":
+            seeds = frozenset({int(case.rsplit("_", 1)[1])})
         return self._map_without(seeds & set(self.heads))
 
     def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
@@ -299,7 +307,8 @@ def main() -> None:
     ap.add_argument("step", choices=("record", "replay"))
     ap.add_argument("--dir", required=True, type=Path, help="the records' folder")
     ap.add_argument(
-        "--splits", default="tune,held_out", help="record: comma-separated sets of tests/av_cases.py"
+        "--splits", default="tune,held_out",
+        help="record: comma-separated sets of tests/av_cases.py, or close_up (seeds 1-9 alone, own line)"
     )
     ap.add_argument(
         "--without",
