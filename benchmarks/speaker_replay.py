@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import sys
 import tempfile
@@ -39,18 +40,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tasks.perception.asd_speaker as asd_speaker
 import tasks.perception.face_analysis as face_analysis
+from scripts.fit_content_prior import load_heads
 from tasks.config import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.files import atomic_write_bytes
 from tasks.media.probe import probe
+from tasks.perception.content import ContentMap, audio_features, fit, load_prior
+from tasks.perception.content_fusion import ContentEvidence
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
-from tasks.perception.voices import doubt_two_voices
-from tests.av_cases import av_cases, judge
+from tasks.perception.vad import RATE
+from tasks.perception.verdict import STAGES, VerdictInputs, speaker_verdict
+from tests.av_cases import SETS, av_cases, close_up, judge
 from tests.speaker_cases import SR, encode
 
-RULES = {"shot", "out_of_sync", "voice"}  # what --without can leave out
+RULES = {"shot", "out_of_sync", *STAGES}  # what --without can leave out
 # a variant's extra rule: (confident segments, network scores (n_tracks, T), agreement (n_tracks, steps), step)
 Hook = Callable[[list[SpeakerSegment], np.ndarray, np.ndarray, int], list[SpeakerSegment]]
 
@@ -73,31 +78,29 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
     """Each case through the bench's steps, its rule inputs written to ``root`` (existing records kept)."""
     root.mkdir(parents=True, exist_ok=True)
     seen: dict[str, Any] = {}
-    real = face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames
+    real = face_analysis.speaker_verdict
 
-    def learned(scores, lead, change, speech_prob, fps, *rest):
-        seen.update(scores=scores, lead=lead, change=change, speech_prob=speech_prob, fps=fps)
-        return real[0](scores, lead, change, speech_prob, fps, *rest)
-
-    def fuse(agreed, learned_segs, n_frames, sync=None):
-        seen.update(agreed=[s.to_dict() for s in agreed], n_frames=n_frames)
-        return real[1](agreed, learned_segs, n_frames, sync)
+    def verdict(inputs: VerdictInputs, cfg_sp, skip=()):  # the stages' inputs, as the pipeline hands them over
+        seen.update(inputs=inputs)
+        return real(inputs, cfg_sp, skip)
 
     def analyse(*args, **kw):  # the source's sound as the voice check embeds it, whether or not it runs
         audio = kw.get("audio", args[7] if len(args) > 7 else None)
         if audio is not None:
             seen.update(voice=np.asarray(audio, np.float32))
-        return real[2](*args, **kw)
+        return real_analyse(*args, **kw)
 
-    face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames = (
-        learned,
-        fuse,
-        analyse,
-    )
+    real_analyse = face_analysis.analyse_frames
+    face_analysis.speaker_verdict, face_analysis.analyse_frames = verdict, analyse
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for split in splits:  # one set at a time: a set's frames are ~1 GB
-                for name, case in av_cases((split,)).items():
+                made = (
+                    {f"close_up/close_up_{i}": close_up(i) for i in range(1, 10)}  # a lone face saying its own line
+                    if split == "close_up"
+                    else av_cases((split,))
+                )
+                for name, case in made.items():
                     if _file(root, name).with_suffix(".json").is_file():
                         continue
                     seen.clear()
@@ -109,30 +112,45 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
                         for t in speaker_turns(shot, cfg.speaker.uncertain, cfg.speaker.min_score)
                     ]
                     verdict = judge(case, turns)
-                    arrays = {
-                        k: np.asarray(seen[k])
-                        for k in ("scores", "lead", "change", "speech_prob", "voice")
-                        if k in seen
-                    }
+                    arrays = _arrays(seen.get("inputs"), seen.get("voice"))
                     np.savez_compressed(_file(root, name).with_suffix(".npz"), audio=case.audio, **arrays)
                     meta = {
                         "name": name, "n": int(case.frames.shape[0]), "onsets": [int(v) for v in case.onsets],
                         "truth": [(int(a), int(b), None if k is None else int(k)) for a, b, k in case.truth],
                         "who": {str(k): int(v) for k, v in who.items()}, "shot": shot.to_dict(),
-                        "agreed": seen.get("agreed"), "n_frames": seen.get("n_frames"), "fps": seen.get("fps"),
+                        "agreed": None if "inputs" not in seen else [d.to_dict() for d in seen["inputs"].agreed],
+                        "n_frames": None if "inputs" not in seen else seen["inputs"].n_frames,
+                        "fps": None if "inputs" not in seen else seen["inputs"].fps,
                         "verdict": verdict.result, "why": verdict.why,
                     }  # fmt: skip
                     atomic_write_bytes(_file(root, name).with_suffix(".json"), json.dumps(meta).encode())
                     print(f"{name}: {verdict.result} ({verdict.why})", flush=True)
     finally:
-        face_analysis.find_asd_speakers, face_analysis.fuse_asd, face_analysis.analyse_frames = real
+        face_analysis.speaker_verdict, face_analysis.analyse_frames = real, real_analyse
+
+
+def _arrays(inputs: VerdictInputs | None, voice: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The stage inputs kept per case: Light-ASD's rows, the still test's, the speech, the mouth shapes, the
+    source's sound as decoded (voices, the content's audio features)."""
+    out = {} if voice is None else {"voice": voice}
+    if inputs is None:
+        return out
+    out.update(change=inputs.change, speech_prob=inputs.speech_prob)
+    if inputs.scores is not None and inputs.lead is not None:
+        out.update(scores=inputs.scores, lead=inputs.lead)
+    if inputs.content is not None:
+        out.update(shapes=inputs.content.shapes.astype(np.float32), still=inputs.content.still)
+    return out
 
 
 class Replayer:
     """The rules after the analysis, on one directory of records; voice embeddings computed once per span."""
 
-    def __init__(self, root: Path, cfg: Any) -> None:
+    def __init__(self, root: Path, cfg: Any, heads: Path | None = None) -> None:
         self.cfg = cfg
+        self.prior = load_prior()
+        # with ``heads`` (scripts/fit_content_prior.py --cache): per case a map fitted without its own seeds
+        self.heads = None if heads is None else load_heads(heads)
         self.cases = []
         for meta_path in sorted(root.glob("*.json")):
             meta = json.loads(meta_path.read_text())
@@ -151,47 +169,65 @@ class Replayer:
 
         return embed
 
+    @functools.cache  # noqa: B019 (one Replayer per run)
+    def _map_without(self, seeds: frozenset[int]) -> ContentMap:
+        assert self.heads is not None
+        rest = [k for k in self.heads if k not in seeds]
+        x = np.concatenate([self.heads[k][0] for k in rest])
+        return fit(x, np.concatenate([self.heads[k][1] for k in rest]), self.prior.lam)
+
+    def content_map(self, name: str) -> ContentMap:
+        """The map a case is judged with: the shipped prior, or (``heads``) one fitted without the case's seeds."""
+        if self.heads is None:
+            return self.prior
+        split, case = name.split("/")
+        m = SETS.get(split)
+        seeds = frozenset((m.a, m.b, m.c)) if m is not None else frozenset()
+        if split == "close_up":
+            seeds = frozenset({int(case.rsplit("_", 1)[1])})
+        return self._map_without(seeds & set(self.heads))
+
     def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
         """One case's verdict with the named rules left out and ``hook`` run on the confident segments."""
-        if meta["agreed"] is None:  # no learned route ran (no face scored): as recorded
+        if meta["agreed"] is None:  # no stage ran (no face): as recorded
             return meta["verdict"]
         sp, arr, fps = self.cfg.speaker, meta["arrays"], meta["fps"]
-        asd_set = face_analysis.asd_settings(sp)
-        lead = arr["lead"]
-        learned = asd_speaker.find_asd_speakers(
-            arr["scores"],
-            lead,
-            arr["change"],
-            arr["speech_prob"],
-            fps,
-            face_analysis.speaker_settings(sp),
-            asd_set,
-        )
-        agreed = [SpeakerSegment.from_dict(d) for d in meta["agreed"]]
+        n = meta["n_frames"]
+        content = None
+        if "shapes" in arr and "voice" in arr:
+            feats = audio_features(arr["voice"], RATE, n, fps)
+            shot = meta["shot"]  # faces too small to judge: median side in analysis pixels
+            to_analysis = shot["analysis_hw"][0] / shot["display_hw"][0]
+            small = np.array([t["side_px"] * to_analysis < sp.content_min_px for t in shot["tracks"]], bool)
+            still = arr["still"] | small[: len(arr["still"])] if len(small) >= len(arr["still"]) else arr["still"]
+            content = ContentEvidence(
+                self.content_map(meta["name"]).predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, still
+            )
+        voices = self._voices_of(meta) if "voice" in arr else None
+        inputs = VerdictInputs(
+            n, fps, [SpeakerSegment.from_dict(d) for d in meta["agreed"]], arr["change"], arr["speech_prob"],
+            arr.get("scores"), arr.get("lead"), content, voices,
+        )  # fmt: skip
         keep = asd_speaker.doubt_out_of_sync, asd_speaker.doubt_contradicted_shot
         if "out_of_sync" in without:
             asd_speaker.doubt_out_of_sync = lambda segs, sync: segs
         if "shot" in without:
             asd_speaker.doubt_contradicted_shot = lambda segs, *rest: segs
+        stages = without & set(STAGES)
+        if hook is not None:
+            stages |= {"likeliest"}
         try:
-            segs = asd_speaker.fuse_asd(
-                agreed, learned, meta["n_frames"], asd_speaker.SyncEvidence(lead, asd_set, fps)
-            )
+            segs = speaker_verdict(inputs, sp, stages)
         finally:
             asd_speaker.doubt_out_of_sync, asd_speaker.doubt_contradicted_shot = keep
-        if "voice" not in arr:
-            without = without | {"voice"}
-        if "voice" not in without and sp.voice_min_cos > 0 and any(s.status == "speaker" for s in segs):
-            segs = doubt_two_voices(
-                segs, self._voices_of(meta), sp.voice_min_cos, round(sp.voice_min_s * fps), fps
-            )
         if hook is not None:
             shot_d = meta["shot"]
             agree = np.array(
                 [[np.nan if v is None else v for v in row] for row in shot_d.get("agreement") or []]
             )
             segs = hook(segs, arr["scores"], agree.reshape(len(agree), -1), int(shot_d["step_frames"]))
-        segs = asd_speaker.name_likeliest(segs, lead)
+            if inputs.lead is not None and "likeliest" not in without:
+                segs = asd_speaker.name_likeliest(segs, inputs.lead)
         shot = dataclasses.replace(ShotFaces.from_dict(meta["shot"]), segments=tuple(segs))
         who = {int(k): v for k, v in meta["who"].items()}
         turns = [
@@ -271,13 +307,15 @@ def main() -> None:
     ap.add_argument("step", choices=("record", "replay"))
     ap.add_argument("--dir", required=True, type=Path, help="the records' folder")
     ap.add_argument(
-        "--splits", default="tune,held_out", help="record: comma-separated sets of tests/av_cases.py"
+        "--splits", default="tune,held_out",
+        help="record: comma-separated sets of tests/av_cases.py, or close_up (seeds 1-9 alone, own line)"
     )
     ap.add_argument(
         "--without",
         action="append",
         default=[],
-        help="replay: also without these rules (comma-separated of shot, out_of_sync, voice; repeatable)",
+        help="replay: also without these rules (comma-separated of shot, out_of_sync and the stages "
+        + ", ".join(STAGES) + "; repeatable)",
     )
     ap.add_argument(
         "--second-face-bar", default="", help="replay: also with a second-face bar at these scores"
@@ -285,13 +323,15 @@ def main() -> None:
     ap.add_argument(
         "--margin-box", action="append", default=[], metavar="NET:AGR", help="replay: also with a margin box"
     )
+    ap.add_argument("--heads", type=Path, help="replay: the heads' cache of scripts/fit_content_prior.py: "
+                    "each case judged by a content map fitted without its own seeds (no prior leak)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     if args.step == "record":
         record(args.splits.split(","), args.dir, cfg)
         return
-    rep = Replayer(args.dir, cfg)
+    rep = Replayer(args.dir, cfg, args.heads)
     recorded = {m["name"]: m["verdict"] for m in rep.cases}
     n = collections.Counter(recorded.values())
     print(

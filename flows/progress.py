@@ -90,7 +90,8 @@ class ShotProgress:
 def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
     ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``speaker``,
-    ``score``, ``agreement`` (each face track's audio-visual agreement with the speech), ``reason``."""
+    ``score``, ``agreement`` (each face track's audio-visual agreement with the speech), ``lips`` (the output
+    check: the dubbed lips' fit to the dub's words, REVIEW when flagged), ``reason``."""
     rows = []
     for shot in shots:
         rows.append(
@@ -106,6 +107,7 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "speaker": shot.get("speaker", ""),
                 "score": shot.get("score", ""),
                 "agreement": shot.get("agreement", ""),
+                "lips": shot.get("lips", ""),
                 "reason": shot.get("reason") or "",
             }
         )

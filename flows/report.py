@@ -14,6 +14,7 @@ from typing import Any
 from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.progress import artifact_key
+from tasks.media.intermediates import read_marker
 from tasks.run.workspace import Workspace, read_group_loads, read_shot_done, read_shot_failed
 
 
@@ -39,6 +40,7 @@ def shot_rows(
                 "reason": result.get("reason"),
             }
             row["output"] = done["output"]
+            row |= lips_column(result.get("qc") or read_marker(ws.shot_dir(shot["index"], shot["key"]) / "qc.json"))
         else:
             failed = read_shot_failed(ws, shot["index"], shot["key"])
             status = "failed" if failed else "planned"
@@ -48,6 +50,15 @@ def shot_rows(
             row["reason"] = shot["decision"]["reason"]
         rows.append(row)
     return rows
+
+
+def lips_column(qc: dict[str, Any] | None) -> dict[str, Any]:
+    """The shot table's output check (`tasks.perception.lip_check`): the dubbed lips' fit to the dub's words,
+    "REVIEW" when it flags the shot; nothing where QC (or the check) did not run."""
+    if not qc or "lip_flag" not in qc:
+        return {}
+    fit = qc.get("lip_fit")
+    return {"lips": ("?" if fit is None else f"{fit:+.2f}") + (" REVIEW" if qc["lip_flag"] else "")}
 
 
 def speaker_columns(decision: dict[str, Any] | None) -> dict[str, Any]:

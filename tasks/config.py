@@ -207,6 +207,13 @@ class SpeakerConfig:
     asd_max_faces: int  # tracks scored per shot at most (the most active mouths): bounds the cost
     voice_min_cos: float  # one face, two voices (GE2E cosine below this): its lines are uncertain; 0 = off
     voice_min_s: float  # ... lines shorter than this are not compared (tasks.perception.voices)
+    # content (tasks.perception.content, content_fusion): mouth shapes against the sound's content
+    content: Literal["auto", "off"]  # auto: whenever the film has its own audio; off: rhythm alone
+    content_on: float  # two or more faces: the best face's fit at least this, leading every other by
+    content_margin: float  # ... this much, is the speaker
+    content_lone: float  # a lone face fitting at least this says the speech, confidently
+    content_min_s: float  # segments are scored over at least this much of the shot
+    content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float
@@ -238,6 +245,9 @@ class QcSettings:
 
     enabled: bool
     height: int
+    # the output check (tasks/perception/lip_check.py): the dubbed face's mouth shapes against the dub track's
+    # content; a fit below this (or no mouth found) flags the shot for review; 0 = off
+    lip_min_fit: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -322,6 +332,8 @@ def _validate_value(tp: Any, value: Any, where: str, key: str) -> Any:
             # YAML may read "480" as an int; accept the string spelling of a choice
             if str(value) in choices:
                 return str(value)
+            if value is False and "off" in choices:  # YAML 1.1 reads a bare `off` as false
+                return "off"
             raise ConfigError(where, f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
         return value
     if origin in (types.UnionType, typing.Union):

@@ -31,16 +31,12 @@ from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
 from tasks.perception.asd import FaceCrops, asd_scores
-from tasks.perception.asd_speaker import (
-    AsdSettings,
-    SyncEvidence,
-    find_asd_speakers,
-    fuse_asd,
-    name_likeliest,
-)
 from tasks.perception.av_sync import SyncSettings, agreement, mouth_motion, speech_envelope
+from tasks.perception.content import ContentMap, audio_features, content_rows, load_prior, track_shapes
+from tasks.perception.content_fusion import ContentEvidence
 from tasks.perception.faces import FaceDetector
 from tasks.perception.lips import MouthMeter, mouth_activity
+from tasks.perception.mouth_shapes import MouthShapes
 from tasks.perception.speaker import (
     AvSettings,
     SpeakerSegment,
@@ -51,18 +47,12 @@ from tasks.perception.speaker import (
 )
 from tasks.perception.tracks import Tracker, appearance
 from tasks.perception.vad import RATE, StreamingVad, at_frames
-from tasks.perception.voices import VoicesOf, doubt_two_voices
+from tasks.perception.verdict import VerdictInputs, asd_settings, speaker_settings, speaker_verdict
+from tasks.perception.voices import VoicesOf
 
 log = logging.getLogger(__name__)
 
 Box = tuple[int, int, int, int]
-
-
-def speaker_settings(cfg: SpeakerConfig) -> SpeakerSettings:
-    return SpeakerSettings(
-        activity_on=cfg.activity_on, still_face=cfg.still_face, smooth_s=cfg.smooth_s, step_s=cfg.step_s,
-        switch_penalty=cfg.switch_penalty, contrast_min=cfg.contrast_min,
-    )  # fmt: skip
 
 
 def sync_settings(cfg: SpeakerConfig) -> SyncSettings:
@@ -71,13 +61,6 @@ def sync_settings(cfg: SpeakerConfig) -> SyncSettings:
 
 def av_settings(cfg: SpeakerConfig) -> AvSettings:
     return AvSettings(cfg.av_on, cfg.av_off, cfg.av_scale, cfg.av_margin)
-
-
-def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
-    return AsdSettings(
-        cfg.asd_on, cfg.asd_band, cfg.asd_margin, cfg.asd_scale, cfg.asd_switch_penalty, cfg.asd_min_s,
-        cfg.asd_sync_min, cfg.asd_sync_sure,
-    )  # fmt: skip
 
 
 def _source_audio_args(info: VideoInfo, start: int, end: int) -> list[str]:
@@ -156,6 +139,9 @@ class ShotFaces:
     # per track, the learned speaking score (Light-ASD, > 0: speaking) per step (None: absent); empty when the
     # speakers were not found by it (speaker.asd off, or no source audio)
     asd: tuple[tuple[float | None, ...], ...] = ()
+    # per track, the content fit (mouth shapes against the source audio's content, tasks.perception.content)
+    # per step (None: absent, no speech); empty when the content route did not run
+    content: tuple[tuple[float | None, ...], ...] = ()
 
     def track(self, track_id: int) -> TrackInfo:
         return next(t for t in self.tracks if t.id == track_id)
@@ -175,6 +161,15 @@ class ShotFaces:
         speech = np.array(self.speech) >= 0.5
         for tr, row in zip(self.tracks, self.asd, strict=False):
             vals = [v for v, sp in zip(row, speech, strict=False) if v is not None and sp]
+            if vals:
+                out[tr.id] = round(float(np.mean(vals)), 2)
+        return out
+
+    def mean_content(self) -> dict[int, float]:
+        """{track id: mean content fit over the steps it was measured in} (the shot table's)."""
+        out = {}
+        for tr, row in zip(self.tracks, self.content, strict=False):
+            vals = [v for v in row if v is not None]
             if vals:
                 out[tr.id] = round(float(np.mean(vals)), 2)
         return out
@@ -204,6 +199,7 @@ class ShotFaces:
             int(d["step_frames"]), float(d["cpu_s"]),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("agreement") or ()),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("asd") or ()),
+            tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("content") or ()),
         )  # fmt: skip
 
 
@@ -235,16 +231,33 @@ def _to_display(box: np.ndarray, scale: tuple[float, float], display_hw: tuple[i
 
 
 def _measure(
-    meter: MouthMeter, tracker: Tracker, pending: list[tuple[int, np.ndarray]], crops: FaceCrops | None
+    meter: MouthMeter,
+    tracker: Tracker,
+    pending: list[tuple[int, np.ndarray]],
+    crops: FaceCrops | None,
+    shapes: MouthShapes | None = None,
 ) -> None:
-    """Mouth activity (and face crops) of the buffered frames, from the live tracks' landmarks and boxes
-    (interpolated up to now)."""
+    """Mouth activity (and face crops, mouth shapes) of the buffered frames, from the live tracks' landmarks
+    and boxes (interpolated up to now)."""
     for t, frame in pending:
         ft = np.array([t], np.float64)
         live = {tr.id: (tr.landmarks_at(ft)[0], tr.boxes_at(ft)[0]) for tr in tracker.live if tr.start <= t}
         meter.feed(t, frame, live)
         if crops is not None:
             crops.feed(t, frame, live)
+        if shapes is not None:
+            shapes.feed(t, frame, live)
+
+
+def _step_rows(rows: np.ndarray, n_frames: int, step: int, digits: int) -> tuple[tuple[float | None, ...], ...]:
+    """Each row's mean per step of ``step`` frames (None where all NaN), rounded."""
+    return tuple(
+        tuple(
+            None if np.isnan(r[s : s + step]).all() else round(float(np.nanmean(r[s : s + step])), digits)
+            for s in range(0, n_frames, step)
+        )
+        for r in rows
+    )
 
 
 def scored_tracks(
@@ -283,10 +296,12 @@ def _voices_of(samples: np.ndarray, fps: float) -> VoicesOf:
     )
 
     assert VOICE_RATE == RATE, "the dialogue is decoded at the voice encoder's rate"
-    encoder = load_voice_encoder()
-    return lambda spans: embed_many(
-        encoder, [samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)] for f0, f1 in spans]
-    )
+    def embed(spans):  # the encoder loads on the first call: only a shot with confident lines needs it
+        return embed_many(
+            load_voice_encoder(), [samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)] for f0, f1 in spans]
+        )
+
+    return embed
 
 
 def analyse_frames(
@@ -298,6 +313,7 @@ def analyse_frames(
     display_hw: tuple[int, int],
     envelope: np.ndarray | None = None,
     audio: np.ndarray | None = None,
+    content_map: ContentMap | None = None,
 ) -> ShotFaces:
     """`analyse_shot` on decoded analysis frames (RGB uint8, display orientation), streamed.
 
@@ -306,6 +322,10 @@ def analyse_frames(
     (`refine_with_agreement`); without it by mouth activity alone.  ``audio``: the source's mono samples
     at RATE from the first frame; with it (and `speaker.asd` not off) the learned speaking scores give a
     second verdict (`find_asd_speakers`), joined with the first frame by frame (`fuse_asd`).
+    With ``audio`` and `speaker.content` not off, each face's mouth shapes are measured
+    (`tasks.perception.mouth_shapes`) and judged against the audio's content through ``content_map`` (the
+    shipped prior when None, or a film's calibrated map).  The verdict's stages run as one sequence
+    (`tasks.perception.verdict.speaker_verdict`).
     Only the frames since the last detection are held: they are measured once the next detection has
     placed every live track at both ends.
     """
@@ -314,6 +334,7 @@ def analyse_frames(
     tracker = Tracker(cfg.track_max_miss)
     meter = MouthMeter(n_frames, round(cfg.mouth_lag_s * fps))
     crops = FaceCrops(n_frames, fps) if audio is not None and cfg.asd != "off" else None
+    shapes = MouthShapes(n_frames, fps) if audio is not None and cfg.content != "off" else None
     pending: list[tuple[int, np.ndarray]] = []
     hw = (1, 1)
     for t, frame in enumerate(frames):
@@ -322,9 +343,11 @@ def analyse_frames(
         if t % cfg.detect_every == 0 or t == n_frames - 1:
             faces = detector(frame)
             tracker.update(t, faces, [appearance(frame, f.box) for f in faces])
-            _measure(meter, tracker, pending, crops)
+            _measure(meter, tracker, pending, crops, shapes)
             pending = []
-    _measure(meter, tracker, pending, crops)
+    _measure(meter, tracker, pending, crops, shapes)
+    if shapes is not None:
+        shapes.close()
     tracks = tracker.finish()
     settings = speaker_settings(cfg)
     mouth, upper = meter.rows([tr.id for tr in tracks])
@@ -344,7 +367,8 @@ def analyse_frames(
     else:
         segments = find_speakers(activity, change, speech_prob, fps, settings)
     asd_rows: tuple[tuple[float | None, ...], ...] = ()
-    lead: np.ndarray | None = None  # (n_tracks, n_frames) the learned route's sync leads, when it ran
+    scores: np.ndarray | None = None  # (n_tracks, n_frames) the learned route's scores and sync leads, when it ran
+    lead: np.ndarray | None = None
     if crops is not None and audio is not None:
         ids = scored_tracks(activity, change, speech_prob, settings, cfg.asd_max_faces, agree)
         from model.speaker.light_asd import load_light_asd  # torch: only where a face's crops are scored
@@ -354,25 +378,25 @@ def analyse_frames(
         if ids:
             got = asd_scores(load_light_asd(), crops, ids, np.asarray(audio, np.float32), RATE)
             scores[ids], lead[ids] = got
-        learned = find_asd_speakers(scores, lead, change, speech_prob, fps, settings, asd_settings(cfg))
-        segments = fuse_asd(segments, learned, n_frames, SyncEvidence(lead, asd_settings(cfg), fps))
-        asd_rows = tuple(
-            tuple(
-                None if np.isnan(r[s : s + step]).all() else round(float(np.nanmean(r[s : s + step])), 2)
-                for s in range(0, n_frames, step)
-            )
-            for r in scores
+        asd_rows = _step_rows(scores, n_frames, step, 2)
+    evidence = None
+    content_steps: tuple[tuple[float | None, ...], ...] = ()
+    if shapes is not None and audio is not None:
+        cmap = content_map if content_map is not None else load_prior()
+        feats = audio_features(np.asarray(audio, np.float32), RATE, n_frames, fps)
+        observed = track_shapes(shapes.rows([tr.id for tr in tracks]))
+        evidence = ContentEvidence(
+            cmap.predict(feats), observed, speech_prob >= 0.5, fps,
+            still_tracks(change, settings) | np.array([tr.side() < cfg.content_min_px for tr in tracks], bool),
         )
-    if audio is not None and cfg.voice_min_cos > 0 and any(s.status == "speaker" for s in segments):
-        segments = doubt_two_voices(
-            segments,
-            _voices_of(np.asarray(audio, np.float32), fps),
-            cfg.voice_min_cos,
-            round(cfg.voice_min_s * fps),
-            fps,
-        )
-    if lead is not None:  # what an uncertain segment names: the face whose lips follow the speech best
-        segments = name_likeliest(segments, lead)
+        content_steps = _step_rows(content_rows(evidence.pred, observed, evidence.speech, fps), n_frames, step, 3)
+    voices = None
+    if audio is not None and cfg.voice_min_cos > 0:
+        voices = _voices_of(np.asarray(audio, np.float32), fps)
+    inputs = VerdictInputs(
+        n_frames, fps, list(segments), change, speech_prob, scores, lead, evidence, voices
+    )  # fmt: skip
+    segments = speaker_verdict(inputs, cfg)
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
     infos = tuple(
@@ -398,7 +422,7 @@ def analyse_frames(
     )
     return ShotFaces(
         n_frames, fps, display_hw, (int(hw[0]), int(hw[1])), True, infos, tuple(segments), speech_steps,
-        act_steps, step, round(time.process_time() - t0, 3), agree_rows, asd_rows,
+        act_steps, step, round(time.process_time() - t0, 3), agree_rows, asd_rows, content_steps,
     )  # fmt: skip
 
 
@@ -420,12 +444,12 @@ def analyse_shot(
     w, h = info.display_size
     hw = analysis_size((h, w), cfg.detect_max_side)
     t0 = time.process_time()
-    want_audio = source_audio and (cfg.av_agreement or cfg.asd != "off")
+    want_audio = source_audio and (cfg.av_agreement or cfg.asd != "off" or cfg.content != "off")
     samples = source_samples(info, start, end) if want_audio else None
     envelope = None
     if samples is not None and cfg.av_agreement:
         envelope = speech_envelope(samples, RATE, end - start, float(info.fps))
-    audio = samples if cfg.asd != "off" else None
+    audio = samples if cfg.asd != "off" or cfg.content != "off" else None
     frames = display_frames(info, start, end, hw)
     out = analyse_frames(frames, end - start, speech_prob, float(info.fps), cfg, (h, w), envelope, audio)
     cpu = round(time.process_time() - t0, 3)

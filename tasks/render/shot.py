@@ -172,7 +172,7 @@ def _copy_through(info: VideoInfo, plan: ShotPlan, out: Path) -> None:
             w.write(frame)
 
 
-def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, str]:
+def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, Any]:
     """The QC artefacts of a rendered shot (`write_shot_qc`) from its job alone, after the render:
     the source, the job's intermediate, its dub slice and its kept decision."""
     job = ShotJob.from_dict(job) if isinstance(job, dict) else job
@@ -184,6 +184,7 @@ def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, str]:
     return write_shot_qc(
         info, plan, Path(job.out_path), context.work_dir / "qc", read_samples(track, *job.audio_range),
         track.sample_rate, cfg.qc.height, title=title, decision=kept_decision(Path(job.out_path)),
+        lip_min_fit=cfg.qc.lip_min_fit,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -19,6 +20,9 @@ from tasks.decision.record import ShotDecision
 from tasks.media.frames import iter_frames
 from tasks.media.intermediates import read_marker
 from tasks.media.probe import VideoInfo, probe
+from tasks.perception.face_analysis import analysis_size, display_frames
+from tasks.perception.lip_check import LipCheck, lip_check
+from tasks.perception.vad import RATE
 from tasks.picture.geometry import ModelGeometry
 from tasks.render.qc import QcConfig, write_qc
 from tasks.render.qc_overlay import speaker_overlay
@@ -54,7 +58,8 @@ def write_shot_qc(
     height: int,
     title: str | None = None,
     decision: ShotDecision | None = None,
-) -> dict[str, str]:
+    lip_min_fit: float = 0.0,
+) -> dict[str, Any]:
     """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
     (`title`: a banner on both, e.g. for a preview pass). Both are decoded already scaled down by ffmpeg
     to the largest height QC draws (`qc_geometry`): a 1080p shot's frames would cross the pipes at
@@ -62,6 +67,10 @@ def write_shot_qc(
 
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
+    lips = shot_lip_check(dubbed, plan, decision, shot_audio, sample_rate, lip_min_fit)
+    if lips is not None:  # on the sheet and the preview: the check's score, and REVIEW when it flags the shot
+        mark = "lips ?" if lips.fit is None else f"lips {lips.fit:+.2f}"
+        title = " | ".join(filter(None, [title, mark + (" REVIEW" if lips.flagged else "")]))
     qc = QcConfig(height=height, fps=float(info.fps), title=title)
     width, geometry, scale = qc_geometry(info, max(qc.height, qc.thumb_height))
     overlay = speaker_overlay(decision, scale) if decision is not None else None
@@ -89,7 +98,42 @@ def write_shot_qc(
         )
     finally:
         wav.unlink(missing_ok=True)
-    return {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
+    out: dict[str, Any] = {"preview": str(result.preview), "contact_sheet": str(result.contact_sheet)}
+    return out | (lips.to_dict() if lips is not None else {})
+
+
+def shot_lip_check(
+    dubbed: VideoInfo,
+    plan: ShotPlan,
+    decision: ShotDecision | None,
+    shot_audio: np.ndarray,
+    sample_rate: int,
+    min_fit: float,
+) -> LipCheck | None:
+    """The output check of a rendered shot (`tasks.perception.lip_check`): its longest dubbed turn's face
+    against the dub's sound over that turn; None when off (``min_fit`` 0) or no turn dubs a face."""
+    if min_fit <= 0 or decision is None or decision.faces is None:
+        return None
+    turns = [r for r in decision.regions if r.speaker is not None]
+    if not turns:
+        return None
+    r = max(turns, key=lambda r: r.end_frame - r.start_frame)
+    faces = decision.faces
+    samples = faces.track(r.speaker).samples(r.start_frame, r.end_frame) or faces.track(r.speaker).samples()
+    box = np.median(np.array([b for _, b in samples], np.float64), axis=0)  # display pixels
+    w, h = dubbed.display_size
+    hw = analysis_size((h, w), 640)
+    scale = np.array([hw[1] / w, hw[0] / h] * 2)
+    mono = np.asarray(shot_audio, np.float32).reshape(len(shot_audio), -1).mean(axis=1)
+    if sample_rate != RATE:
+        import librosa  # only where the dub is not at the analysis rate
+
+        mono = librosa.resample(mono, orig_sr=sample_rate, target_sr=RATE)
+    f0, f1 = r.start_frame, min(r.end_frame, plan.num_frames)
+    fps = float(dubbed.fps)
+    clip = mono[round(f0 / fps * RATE) : round(f1 / fps * RATE)]
+    frames = display_frames(dubbed, f0, f1, hw)
+    return lip_check(frames, f1 - f0, fps, clip, tuple(box * scale), min_fit)
 
 
 def decision_path(out: Path) -> Path:
