@@ -6,7 +6,7 @@ input's identity (device, inode, size, mtime in ns, and the SHA-256 of its first
 `tasks.run.workspace.film_fingerprint`) is noted before any work (`input_identity`) and compared again
 before assembling (`check_inputs_unchanged`): any difference stops the run with one line naming the
 file, before anything is written at the output. An edit in place that keeps size, mtime and the first
-and last MiB is not detected (documented in the README). No Prefect here.
+and last MiB is not detected (documented in docs/reliability.md). No Prefect here.
 """
 
 from __future__ import annotations
