@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.scheduling import XdistUnits
 from tests.stack import Stack, running_stack
 
 # Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
@@ -25,6 +26,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
 os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
 os.environ.setdefault("DUBFLOW_WORKSPACE_ROOTS", tempfile.gettempdir())  # workspace.root, confined alike
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make test` runs the files on 2 workers (pytest-xdist): tests/scheduling.py says how
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistUnits(), "dubflow-xdist-units")
 
 
 @pytest.fixture(scope="session")
