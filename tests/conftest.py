@@ -8,8 +8,10 @@ with one cpu worker and two "gpu" workers, started once per session (``tests/sta
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
 os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
 os.environ.setdefault("DUBFLOW_WORKSPACE_ROOTS", tempfile.gettempdir())  # workspace.root, confined alike
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # each pytest-xdist worker its own Prefect home: a temporary server of `dubflow dub` keeps its SQLite
+    # database there, and two workers must not share one (tests/scheduling.py)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"dubflow-prefect-{worker}-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,7 +1,8 @@
 """How `make test` spreads the suite over the box's cores (pytest-xdist, ``-n 2 --dist loadfile``).
 
 A whole test file goes to one worker, so its module fixtures are built once and its tests keep their order.
-Files that share a session fixture too costly to build twice run as one unit on one worker (``UNITS``). The
+The files that start whole stacks run as one unit on one worker (``UNITS``): a session fixture too costly to
+build twice is shared, and no two stacks (servers, workers, heartbeats) compete for the cores at once. The
 longest units are handed out first (``LONGEST_FIRST``, measured: docs/testing.md), so that neither worker is
 left alone with a long one at the end. Without xdist (or with ``-n 0``) nothing here is used.
 """
@@ -10,16 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-# file -> unit: these share the session's `dub_stack` (tests/conftest.py); test_stack.py's last test stops it,
-# so its files keep their collection order inside the unit (test_flow_e2e.py first)
+# file -> unit. The files that start a whole stack (Prefect server, workers, PostgreSQL) run on one worker,
+# one stack at a time, in their collection order: test_flow_e2e.py and test_stack.py share the session's
+# `dub_stack` (tests/conftest.py), and test_stack.py's last test stops it.
 UNITS = {
-    "tests/test_flow_e2e.py": "dub_stack",
-    "tests/test_stack.py": "dub_stack",
+    "tests/test_flow_e2e.py": "stacks",
+    "tests/test_stack.py": "stacks",
+    "tests/test_team_e2e.py": "stacks",
 }
 # units by measured wall time, longest first (the rest follow in collection order)
 LONGEST_FIRST = (
-    "tests/test_team_e2e.py",
-    "dub_stack",
+    "stacks",
     "tests/test_av_sync.py",
     "tests/test_asd_doubt.py",
     "tests/test_asd_lead.py",
