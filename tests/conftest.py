@@ -60,6 +60,16 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random weights root, written once per session (per xdist worker); tests copy it into a
+    workspace's cache with ``tests.tiny_weights.seed_cache``."""
+    # late: torch and the model are imported only for the tests that need them
+    from tasks.infinitetalk import ensure_tiny_root
+
+    return ensure_tiny_root(tmp_path_factory.mktemp("tiny-weights"))
+
+
+@pytest.fixture(scope="session")
 def dub_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The real stack in a temporary Prefect home: server, pools, deployments, cpu + 2 gpu workers.
 
