@@ -42,8 +42,12 @@ $(FFMPEG7):
 		$(VENV)/ffmpeg-builds $(FFMPEG7) \
 	|| echo "make: no second ffmpeg build (PyPI unreachable?): tests/test_ffmpeg_builds.py skips"
 
+# The test files run on TEST_WORKERS pytest-xdist workers (whole files per worker, the longest first:
+# tests/scheduling.py); `make test TEST_WORKERS=0` runs them one after another in this process.
+TEST_WORKERS ?= 2
 test: setup $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
-	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" $(BIN)/python -m pytest -q
+	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" \
+		$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The bundled sample film through the real deployment (scripts/demo.sh): starts the local Prefect stack
 # (server + UI, pools, deployments, one worker on GPU 0 or the CPU), runs `prefect deployment run

@@ -8,14 +8,17 @@ with one cpu worker and two "gpu" workers, started once per session (``tests/sta
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.scheduling import XdistUnits
 from tests.stack import Stack, running_stack
 
 # Before anything imports prefect: its settings are read once (recipe gotcha G7), and the harness
@@ -25,6 +28,17 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # roots); tests of the default roots unset it. Stack subprocesses get a clean DUBFLOW_* environment.
 os.environ.setdefault("DUBFLOW_OUTPUT_ROOTS", tempfile.gettempdir())
 os.environ.setdefault("DUBFLOW_WORKSPACE_ROOTS", tempfile.gettempdir())  # workspace.root, confined alike
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # each pytest-xdist worker its own Prefect home: a temporary server of `dubflow dub` keeps its SQLite
+    # database there, and two workers must not share one (tests/scheduling.py)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"dubflow-prefect-{worker}-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make test` runs the files on 2 workers (pytest-xdist): tests/scheduling.py says how
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistUnits(), "dubflow-xdist-units")
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +57,16 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         prefect_test_harness(server_startup_timeout=120),
     ):
         yield results
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random weights root, written once per session (per xdist worker); tests copy it into a
+    workspace's cache with ``tests.tiny_weights.seed_cache``."""
+    # late: torch and the model are imported only for the tests that need them
+    from tasks.infinitetalk import ensure_tiny_root
+
+    return ensure_tiny_root(tmp_path_factory.mktemp("tiny-weights"))
 
 
 @pytest.fixture(scope="session")

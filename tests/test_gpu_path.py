@@ -21,14 +21,13 @@ from tasks.render.shot import render_shot_result
 from tasks.timeline.plan import ShotPlan
 from tests.media import decode_all
 from tests.test_infinitetalk import SHORT_CHUNKS, _job
+from tests.tiny_weights import seed_cache
 
 
 @pytest.fixture(scope="module")
-def ws_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tasks.infinitetalk import ensure_tiny_root
-
+def ws_root(tmp_path_factory: pytest.TempPathFactory, tiny_weights: Path) -> Path:
     root = tmp_path_factory.mktemp("ws")
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     return root
 
 

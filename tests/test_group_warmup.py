@@ -13,21 +13,22 @@ import pytest
 
 import tasks.infinitetalk.resident as it
 from tasks.config import load_config
-from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels, ensure_tiny_root
+from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels
 from tasks.render.backend import PlannedShot, planned_shot
 from tasks.run.workspace import read_attempts, read_group_loads, read_shot_done
 from tasks.timeline.plan import ShotPlan
 from tests.test_infinitetalk import DUB, FILM, _job
+from tests.tiny_weights import seed_cache
 
 GENERATED = re.compile(r"shot (\d{4}): \d+ chunk\(s\) at (\d+x\d+)")  # the session's own line per shot
 WARMED = re.compile(r"compile warm-up at (\d+x\d+)")  # the warm-up's own line
 
 
 @pytest.fixture(scope="module")
-def ws_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workspace root whose .cache holds the tiny weights root (written once for the module)."""
+def ws_root(tmp_path_factory: pytest.TempPathFactory, tiny_weights: Path) -> Path:
+    """A workspace root whose .cache holds the tiny weights root (the session's, copied)."""
     root = tmp_path_factory.mktemp("ws")
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     return root
 
 
@@ -100,14 +101,16 @@ def test_film_warms_every_planned_size_at_load_and_none_inside_a_shot(
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_dub_group_run_warms_before_its_first_shot_task(tmp_path: Path, resident: ResidentModels):
+def test_dub_group_run_warms_before_its_first_shot_task(
+    tmp_path: Path, resident: ResidentModels, tiny_weights: Path
+):
     """The `dub-film` flow (groups as in-process `dub-group` runs): the group run's load warms shot 0's
     face crop before its shot task, and the group's record names it with where it ran."""
     from flows.dub_film import dub_film
     from flows.report import group_report
 
     root = tmp_path / "ws"
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     config = _film_config(root)
     config["gate"]["overrides"][2] = "skip"  # shot 0 alone is dubbed
     state = dub_film(str(FILM), str(DUB), str(tmp_path / "out.mp4"), config=config, return_state=True)

@@ -25,7 +25,6 @@ from tasks.infinitetalk import (
     ShotRegion,
     check_plan_agreement,
     display_box_to_coded,
-    ensure_tiny_root,
     resolve_options,
 )
 from tasks.media.audio import prepare_dialogue, slice_bounds
@@ -38,6 +37,7 @@ from tasks.render.shot import ShotJob, render_shot, render_shot_result
 from tasks.timeline.plan import plan_shot
 from tasks.timeline.shots import Shot
 from tests.media import decode_all
+from tests.tiny_weights import seed_cache
 
 REPO = Path(__file__).resolve().parents[1]
 FILM, DUB = REPO / "data" / "sample_film.mp4", REPO / "data" / "sample_dub.wav"
@@ -46,10 +46,10 @@ SHORT_CHUNKS = ["plan.frame_num=9", "plan.motion_frames=5"]  # 3 chunks for 16 s
 
 
 @pytest.fixture(scope="module")
-def ws_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workspace root whose .cache holds the tiny weights root (written once for the module)."""
+def ws_root(tmp_path_factory: pytest.TempPathFactory, tiny_weights: Path) -> Path:
+    """A workspace root whose .cache holds the tiny weights root (the session's, copied)."""
     root = tmp_path_factory.mktemp("ws")
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     return root
 
 

@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 import model.network.dit_blocks as dit_blocks
 from model.weights.layout import WeightsLayout, download_weights, has_multi, verify_weights
 from model.weights.loading import LoadSpec, load_models
-from model.weights.tiny import write_tiny_root
 from tasks.config import load_config
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.errors import MediaError
@@ -38,9 +37,10 @@ LEFT, RIGHT = [20, 20, 140, 160], [180, 20, 300, 160]  # two people's boxes (dis
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory) -> dict[str, Path]:
+def roots(tmp_path_factory, tiny_weights: Path) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("multi")
-    multi = write_tiny_root(base / "multi", seed=0)
+    multi = Path(shutil.copytree(tiny_weights, base / "multi"))  # = write_tiny_root(base / "multi", seed=0)
+    (multi / ".complete").unlink()  # ensure_tiny_root's mark, not part of a weights root
     single = shutil.copytree(multi, base / "single", copy_function=os.link)  # the same root without multi/
     shutil.rmtree(single / Path(L.multi).parent)
     return {"multi": multi, "single": single}

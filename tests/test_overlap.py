@@ -12,7 +12,6 @@ import pytest
 from model.runtime.offload import indexed_device
 from tasks.config import load_config
 from tasks.errors import ConfigError
-from tasks.infinitetalk import ensure_tiny_root
 from tasks.infinitetalk.options import device_for, resolve_options
 from tasks.render.backend import PassthroughBackend
 from tasks.render.overlap import run_chunks
@@ -21,6 +20,7 @@ from tests.media import decode_all, make_clip
 from tests.test_infinitetalk import SHORT_CHUNKS, _job
 from tests.test_local_flow import _job as shot_job
 from tests.test_local_flow import inverted
+from tests.tiny_weights import seed_cache
 
 
 def test_run_chunks_keeps_order_bounds_the_queues_and_overlaps():
@@ -146,9 +146,9 @@ def test_overlapped_tiny_shot_matches_the_sequential_bytes(tmp_path: Path, ws_ro
 
 
 @pytest.fixture(scope="module")
-def ws_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ws_root(tmp_path_factory: pytest.TempPathFactory, tiny_weights: Path) -> Path:
     root = tmp_path_factory.mktemp("ws")
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     return root
 
 

@@ -17,6 +17,7 @@ from tasks.media.probe import probe
 from tasks.run.workspace import read_attempts, read_shot_done
 from tests.test_group_warmup import _workspace
 from tests.test_infinitetalk import DUB, FILM, SHOTS
+from tests.tiny_weights import seed_cache
 
 DUBBED = (0, 2)  # shot 0: the speaker's face crop; shot 2: no face, forced (the full frame)
 
@@ -39,12 +40,10 @@ def qc_log() -> Iterator[list[tuple[str, str]]]:
     logger.setLevel(level)
 
 
-def _tiny_root(tmp_path: Path) -> Path:
-    """A workspace root whose .cache holds the tiny weights root."""
-    from tasks.infinitetalk import ensure_tiny_root
-
+def _tiny_root(tmp_path: Path, tiny_weights: Path) -> Path:
+    """A workspace root whose .cache holds the tiny weights root (the session's, copied)."""
     root = tmp_path / "ws"
-    ensure_tiny_root(root / ".cache")
+    seed_cache(tiny_weights, root / ".cache")
     return root
 
 
@@ -63,11 +62,11 @@ def _qc_records(ws_root: Path) -> dict[int, dict]:
 
 
 def test_qc_is_written_beside_the_next_render_and_again_after_a_lost_one(
-    tmp_path: Path, qc_log: list[tuple[str, str]]
+    tmp_path: Path, qc_log: list[tuple[str, str]], tiny_weights: Path
 ):
     from flows.dub_film import dub_film_inline
 
-    ws_root = _tiny_root(tmp_path)
+    ws_root = _tiny_root(tmp_path, tiny_weights)
     dub_film_inline(str(FILM), str(DUB), str(tmp_path / "a.mp4"), config=_config(ws_root))
     ws = _workspace(ws_root)
     attempts = read_attempts(ws)
@@ -95,7 +94,7 @@ def test_qc_is_written_beside_the_next_render_and_again_after_a_lost_one(
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_qc_task_runs_and_artifacts_in_the_group_run(tmp_path: Path):
+def test_qc_task_runs_and_artifacts_in_the_group_run(tmp_path: Path, tiny_weights: Path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
@@ -110,7 +109,7 @@ def test_qc_task_runs_and_artifacts_in_the_group_run(tmp_path: Path):
     from flows.film_tasks import film_tag
     from flows.progress import artifact_key
 
-    root = _tiny_root(tmp_path)
+    root = _tiny_root(tmp_path, tiny_weights)
     state = dub_film(str(FILM), str(DUB), str(tmp_path / "out.mp4"), config=_config(root), return_state=True)
     assert state.is_completed(), state.message
     records = _qc_records(root)

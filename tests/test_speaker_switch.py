@@ -14,7 +14,7 @@ import tasks.infinitetalk.resident as it
 from tasks.config import PlanConfig, load_config
 from tasks.decision.record import DubRegion
 from tasks.decision.shot_decision import decide_shot, switch_frames
-from tasks.infinitetalk import ResidentModels, check_plan_agreement, ensure_tiny_root
+from tasks.infinitetalk import ResidentModels, check_plan_agreement
 from tasks.media.audio import prepare_dialogue, slice_bounds
 from tasks.media.intermediates import write_marker
 from tasks.media.probe import probe
@@ -24,6 +24,7 @@ from tasks.timeline.plan import plan_shot, split_at
 from tasks.timeline.shots import Shot
 from tests.media import decode_all
 from tests.speaker_cases import FPS, SR, cases, encode, side_of
+from tests.tiny_weights import seed_cache
 
 START, END = 36, 96  # frames of the turn-taking case around its switch (the left turn ends at frame 62)
 
@@ -54,12 +55,12 @@ def test_switch_weights_fade_each_face_around_the_switch():
 
 
 @pytest.fixture(scope="module")
-def switched(tmp_path_factory):
+def switched(tmp_path_factory, tiny_weights):
     """The composed turn-taking case (left speaks, then the right one): its speakers' crops from the whole
     case's decision, then frames [START, END) around the true switch rendered as one shot dubbed left, then
     right (tiny model)."""
     root = tmp_path_factory.mktemp("switch")
-    ensure_tiny_root(root / "ws" / ".cache")
+    seed_cache(tiny_weights, root / "ws" / ".cache")
     case = cases()["turn_taking"]
     whole = probe(encode(root / "whole.mp4", case.frames, case.audio))
     cfg = load_config(overrides=["backend.name=infinitetalk", f"workspace.root={root / 'ws'}"])

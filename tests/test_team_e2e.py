@@ -1,6 +1,6 @@
 """The team recipe end to end: PostgreSQL, an authenticated server, GPU workers from a second clone.
 
-What README's "A team, several GPU hosts" section says, run on one machine as two "hosts":
+What docs/gpu_pool.md's "A team, several GPU hosts" section says, run on one machine as two "hosts":
 the head runs `scripts/stack.sh team` (a private PostgreSQL cluster on a free port, the Prefect server
 on it bound to 0.0.0.0 with basic auth, pools, deployments, heartbeat watch, the cpu worker); a
 second `git clone` of this checkout in another folder runs `scripts/stack.sh workers` (two gpu

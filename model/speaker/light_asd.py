@@ -2,7 +2,7 @@
 
 Written from the paper's description and the published checkpoint's key names and shapes (the official
 `weight/pretrain_AVA_CVPR.model` of github.com/Junhua-Liao/Light-ASD, trained on AVA-ActiveSpeaker, MIT; converted once to
-`model/speaker/assets/light_asd_ava.safetensors`, see the README): about 1 M parameters.
+`model/speaker/assets/light_asd_ava.safetensors`, see docs/models.md): about 1 M parameters.
 
 - visual encoder: three blocks over a grey face clip, each two parallel paths (a spatial 3x3 resp. 5x5
   convolution, then a temporal 3 resp. 5 frame one, each with batch norm + ReLU) summed and mixed by a

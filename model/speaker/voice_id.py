@@ -2,10 +2,10 @@
 
 The network is Resemblyzer's voice encoder (Apache-2.0; three LSTM layers of 256 over 40 mel bands, a linear
 layer, ReLU, unit length), written here from its checkpoint's keys; its weights, converted once to float16 by
-`scripts/convert_voice_encoder.py`, are `model/speaker/assets/ge2e_voice.safetensors` (README: source, licence).  An
+`scripts/convert_voice_encoder.py`, are `model/speaker/assets/ge2e_voice.safetensors` (docs/models.md: source, licence).  An
 utterance is cut into 1.6 s partials (160 mel frames, 1.3 partials a second, the last kept when at least 75 %
 covered, zero-padded), each embedded, and the mean brought back to unit length: two stretches of one voice
-score a cosine of about 0.7-0.9 at 2 s, two voices about 0.5 (README).  Must not import tasks/.
+score a cosine of about 0.7-0.9 at 2 s, two voices about 0.5 (benchmarks/RESULTS.md).  Must not import tasks/.
 """
 
 from __future__ import annotations

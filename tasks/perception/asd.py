@@ -6,7 +6,7 @@ Holds `FaceCrops` (fed one analysis frame at a time with the tracks' interpolate
 MFCCs (`model.speaker.mfcc`) of the same stretch of the source's audio and maps the 25 fps scores back to the
 shot's frames.  The crop follows the AVA-trained network's training crops: the face box's longest side as a
 square around its centre (grey 110 outside the frame; the lower-face crop of the reference's demo scored
-moving listeners as speakers here, README).  The encoders run in windows of ``WINDOW`` frames with ``CONTEXT`` frames either side (their
+moving listeners as speakers here, docs/models.md).  The encoders run in windows of ``WINDOW`` frames with ``CONTEXT`` frames either side (their
 temporal reach is 6 frames, so the windows join exactly); the recurrent part is run over chunks of 1, 2,
 4 and 6 s and the scores averaged (its training clips were that short), then smoothed over 5 frames.
 Score > 0: speaking.  The score used is the network's plus its *sync lead* (`sync_lead`): how much better

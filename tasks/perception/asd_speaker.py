@@ -328,7 +328,7 @@ def name_likeliest(segments: list[SpeakerSegment], lead: np.ndarray) -> list[Spe
     """Uncertain segments named after the face whose lips follow the speech best over them (the highest mean
     sync lead of the faces the network scored), the face named before kept as the runner-up.  Only what
     `speaker.uncertain: most_likely` dubs changes, not any confidence: over the uncertain turns of the 210
-    composed cases the named face was right on 57 % of their frames before, 66 % this way (README).
+    composed cases the named face was right on 57 % of their frames before, 66 % this way (benchmarks/RESULTS.md).
 
     lead (n_tracks, T): `asd_scores`' sync leads, NaN where a face is absent or unscored."""
     out = []

@@ -3,7 +3,7 @@ sure of either (the missed change of speaker).
 
 Both speaker routes (agreement, Light-ASD) judge how well lips fit the rhythm of the speech.  When a turn
 follows another without a pause and the first speaker goes on moving their lips, both can give the answer to
-the first face: the held-out turn-taking cases `held_out_14`, `held_out_20` and `held_out_21` (README).  What
+the first face: the held-out turn-taking cases `held_out_14`, `held_out_20` and `held_out_21` (benchmarks/RESULTS.md).  What
 they cannot hear is that the voice changed.  A speaker-identity embedding (`model.speaker.voice_id`, GE2E) can: each
 confident segment of at least ``least`` frames is embedded, and where two segments of one face are further
 apart than ``min_cos`` (cosine), both become "uncertain"; so does one segment whose speech before some point
@@ -22,7 +22,7 @@ import numpy as np
 from tasks.perception.speaker import SpeakerSegment
 
 # Splits inside one segment: GE2E over 2 s of speech gave one voice 0.69-0.9 and two voices 0.5 (median) on the
-# 23 seeds' own recordings; at 1.2 s one voice fell to 0.45 (README), so each side is 2 s, at least 1.5 s
+# 23 seeds' own recordings; at 1.2 s one voice fell to 0.45 (benchmarks/RESULTS.md), so each side is 2 s, at least 1.5 s
 # (the encoder's own 75 % coverage of its last partial), tried every 0.4 s.
 WINDOW_S = 2.0
 SIDE_S = 1.5
