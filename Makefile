@@ -42,9 +42,11 @@ $(FFMPEG7):
 		$(VENV)/ffmpeg-builds $(FFMPEG7) \
 	|| echo "make: no second ffmpeg build (PyPI unreachable?): tests/test_ffmpeg_builds.py skips"
 
-# The test files run on TEST_WORKERS pytest-xdist workers (whole files per worker, the longest first:
-# tests/scheduling.py); `make test TEST_WORKERS=0` runs them one after another in this process.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs the test files on 2 pytest-xdist workers (whole files per worker, the longest first:
+# tests/scheduling.py). The default stays one process until the whole suite is measured both ways on an idle
+# 2-core box: on the loaded box a tiny-model film test passed pytest-timeout's 900 s on a worker
+# (benchmarks/RESULTS.md, "make test").
+TEST_WORKERS ?= 0
 test: setup $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
 	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" \
 		$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
