@@ -80,7 +80,9 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
     seen: dict[str, Any] = {}
     real = face_analysis.speaker_verdict
 
-    def verdict(inputs: VerdictInputs, cfg_sp, skip=()):  # the stages' inputs, as the pipeline hands them over
+    def verdict(
+        inputs: VerdictInputs, cfg_sp, skip=()
+    ):  # the stages' inputs, as the pipeline hands them over
         seen.update(inputs=inputs)
         return real(inputs, cfg_sp, skip)
 
@@ -96,7 +98,9 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for split in splits:  # one set at a time: a set's frames are ~1 GB
                 made = (
-                    {f"close_up/close_up_{i}": close_up(i) for i in range(1, 10)}  # a lone face saying its own line
+                    {
+                        f"close_up/close_up_{i}": close_up(i) for i in range(1, 10)
+                    }  # a lone face saying its own line
                     if split == "close_up"
                     else av_cases((split,))
                 )
@@ -199,9 +203,15 @@ class Replayer:
             shot = meta["shot"]  # faces too small to judge: median side in analysis pixels
             to_analysis = shot["analysis_hw"][0] / shot["display_hw"][0]
             small = np.array([t["side_px"] * to_analysis < sp.content_min_px for t in shot["tracks"]], bool)
-            still = arr["still"] | small[: len(arr["still"])] if len(small) >= len(arr["still"]) else arr["still"]
+            still = (
+                arr["still"] | small[: len(arr["still"])] if len(small) >= len(arr["still"]) else arr["still"]
+            )
             content = ContentEvidence(
-                self.content_map(meta["name"]).predict(feats), arr["shapes"], arr["speech_prob"] >= 0.5, fps, still
+                self.content_map(meta["name"]).predict(feats),
+                arr["shapes"],
+                arr["speech_prob"] >= 0.5,
+                fps,
+                still,
             )
         voices = self._voices_of(meta) if "voice" in arr else None
         inputs = VerdictInputs(
@@ -307,15 +317,17 @@ def main() -> None:
     ap.add_argument("step", choices=("record", "replay"))
     ap.add_argument("--dir", required=True, type=Path, help="the records' folder")
     ap.add_argument(
-        "--splits", default="tune,held_out",
-        help="record: comma-separated sets of tests/av_cases.py, or close_up (seeds 1-9 alone, own line)"
+        "--splits",
+        default="tune,held_out",
+        help="record: comma-separated sets of tests/av_cases.py, or close_up (seeds 1-9 alone, own line)",
     )
     ap.add_argument(
         "--without",
         action="append",
         default=[],
         help="replay: also without these rules (comma-separated of shot, out_of_sync and the stages "
-        + ", ".join(STAGES) + "; repeatable)",
+        + ", ".join(STAGES)
+        + "; repeatable)",
     )
     ap.add_argument(
         "--second-face-bar", default="", help="replay: also with a second-face bar at these scores"
@@ -323,8 +335,12 @@ def main() -> None:
     ap.add_argument(
         "--margin-box", action="append", default=[], metavar="NET:AGR", help="replay: also with a margin box"
     )
-    ap.add_argument("--heads", type=Path, help="replay: the heads' cache of scripts/fit_content_prior.py: "
-                    "each case judged by a content map fitted without its own seeds (no prior leak)")
+    ap.add_argument(
+        "--heads",
+        type=Path,
+        help="replay: the heads' cache of scripts/fit_content_prior.py: "
+        "each case judged by a content map fitted without its own seeds (no prior leak)",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)

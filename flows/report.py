@@ -40,7 +40,9 @@ def shot_rows(
                 "reason": result.get("reason"),
             }
             row["output"] = done["output"]
-            row |= lips_column(result.get("qc") or read_marker(ws.shot_dir(shot["index"], shot["key"]) / "qc.json"))
+            row |= lips_column(
+                result.get("qc") or read_marker(ws.shot_dir(shot["index"], shot["key"]) / "qc.json")
+            )
         else:
             failed = read_shot_failed(ws, shot["index"], shot["key"])
             status = "failed" if failed else "planned"

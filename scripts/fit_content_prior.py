@@ -57,7 +57,9 @@ def load_heads(cache: Path | None = None) -> dict[int, tuple[np.ndarray, np.ndar
             return {i: (z[f"x{i}"], z[f"y{i}"]) for i in HEADS}
     data = {i: head_pairs(i) for i in HEADS}
     if cache is not None:
-        np.savez(cache, **{f"x{i}": d[0] for i, d in data.items()}, **{f"y{i}": d[1] for i, d in data.items()})
+        np.savez(
+            cache, **{f"x{i}": d[0] for i, d in data.items()}, **{f"y{i}": d[1] for i, d in data.items()}
+        )
     return data
 
 
@@ -84,7 +86,10 @@ def evaluate(data: dict[int, tuple[np.ndarray, np.ndarray]], lam: float) -> None
                 sel = slice(s0, s0 + w)
                 if speech[sel].sum() < 0.5 * w:
                     continue
-                a, b = fit_score(pred[sel], own[:n][sel], speech[sel]), fit_score(pred[sel], other[:n][sel], speech[sel])
+                a, b = (
+                    fit_score(pred[sel], own[:n][sel], speech[sel]),
+                    fit_score(pred[sel], other[:n][sel], speech[sel]),
+                )
                 if np.isfinite(a) and np.isfinite(b):
                     out.append(a > b)
                     if w == 50:
@@ -99,7 +104,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval", action="store_true", help="the leave-two-out check first")
-    ap.add_argument("--cache", type=Path, help="keep / reuse each head's (audio features, shapes) in this .npz")
+    ap.add_argument(
+        "--cache", type=Path, help="keep / reuse each head's (audio features, shapes) in this .npz"
+    )
     ap.add_argument("--lam", default="1000", help="ridge strength (comma-separated: --eval tries each)")
     ap.add_argument("--out", type=Path, default=PRIOR_PATH)
     args = ap.parse_args()
@@ -110,7 +117,9 @@ def main() -> None:
             evaluate(data, lam)
     from safetensors.numpy import save_file
 
-    m = fit(np.concatenate([d[0] for d in data.values()]), np.concatenate([d[1] for d in data.values()]), lams[0])
+    m = fit(
+        np.concatenate([d[0] for d in data.values()]), np.concatenate([d[1] for d in data.values()]), lams[0]
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_file({"weight": m.weight, "lam": np.array([m.lam], np.float32)}, str(args.out))
     log.info("wrote %s: weight %s, lam %g", args.out, m.weight.shape, m.lam)

@@ -34,7 +34,9 @@ def heads() -> dict[int, tuple[np.ndarray, np.ndarray]]:
 def map_without(*seeds: int) -> ContentMap:
     rest = [k for k in HEADS if k not in seeds]
     d = heads()
-    return fit(np.concatenate([d[k][0] for k in rest]), np.concatenate([d[k][1] for k in rest]), load_prior().lam)
+    return fit(
+        np.concatenate([d[k][0] for k in rest]), np.concatenate([d[k][1] for k in rest]), load_prior().lam
+    )
 
 
 def test_bundle_is_checked(tmp_path: Path) -> None:
@@ -117,7 +119,9 @@ def _held_out_map(monkeypatch: pytest.MonkeyPatch, *seeds: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["held_out_6", "held_out_7"])
-def test_two_moving_mouths_decided_by_content(split: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_moving_mouths_decided_by_content(
+    split: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Real faces through the product path (encode, `decide_shot`, the gate's turns): two faces talking, one
     saying the words heard, is right *and confident* (rhythm alone leaves held_out_7's uncertain: the replay in
     benchmarks/RESULTS.md, 2026-12-06, content route)."""

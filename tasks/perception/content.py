@@ -31,7 +31,9 @@ CONTEXT = 3  # frames of context either side
 WIN_S = 0.040  # analysis window of one frame's audio
 N_FFT = 1024
 LAG = 4  # frames of lag searched either side (the mouth may lead or trail the sound)
-PRIOR_PATH = Path(__file__).resolve().parents[2] / "model" / "speaker" / "assets" / "content_prior.safetensors"
+PRIOR_PATH = (
+    Path(__file__).resolve().parents[2] / "model" / "speaker" / "assets" / "content_prior.safetensors"
+)
 
 
 @cache
@@ -79,7 +81,9 @@ def audio_features(samples: np.ndarray, rate: int, n_frames: int, fps: float) ->
     """(n_frames, N_MELS * (2 * CONTEXT + 1)) z-scored log-mel bands with +-CONTEXT frames of context."""
     m = zscore(log_mel(samples, rate, n_frames, fps))
     padded = np.pad(m, ((CONTEXT, CONTEXT), (0, 0)), mode="edge")
-    return np.concatenate([padded[k : k + n_frames] for k in range(2 * CONTEXT + 1)], axis=1).astype(np.float32)
+    return np.concatenate([padded[k : k + n_frames] for k in range(2 * CONTEXT + 1)], axis=1).astype(
+        np.float32
+    )
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ class ContentEvidence:
     shapes: np.ndarray
     speech: np.ndarray
     fps: float
-    still: np.ndarray  # (n_tracks,) bool: not judged (still pictures, faces too small for their mouth's shape)
+    still: (
+        np.ndarray
+    )  # (n_tracks,) bool: not judged (still pictures, faces too small for their mouth's shape)
 
     def scores(self, f0: int, f1: int, least: int) -> np.ndarray:
         """(n_tracks,) content fit over [f0, f1) widened to ``least`` frames (NaN: not scored there)."""

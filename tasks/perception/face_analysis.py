@@ -249,7 +249,9 @@ def _measure(
             shapes.feed(t, frame, live)
 
 
-def _step_rows(rows: np.ndarray, n_frames: int, step: int, digits: int) -> tuple[tuple[float | None, ...], ...]:
+def _step_rows(
+    rows: np.ndarray, n_frames: int, step: int, digits: int
+) -> tuple[tuple[float | None, ...], ...]:
     """Each row's mean per step of ``step`` frames (None where all NaN), rounded."""
     return tuple(
         tuple(
@@ -296,9 +298,11 @@ def _voices_of(samples: np.ndarray, fps: float) -> VoicesOf:
     )
 
     assert VOICE_RATE == RATE, "the dialogue is decoded at the voice encoder's rate"
+
     def embed(spans):  # the encoder loads on the first call: only a shot with confident lines needs it
         return embed_many(
-            load_voice_encoder(), [samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)] for f0, f1 in spans]
+            load_voice_encoder(),
+            [samples[round(f0 / fps * RATE) : round(f1 / fps * RATE)] for f0, f1 in spans],
         )
 
     return embed
@@ -367,7 +371,9 @@ def analyse_frames(
     else:
         segments = find_speakers(activity, change, speech_prob, fps, settings)
     asd_rows: tuple[tuple[float | None, ...], ...] = ()
-    scores: np.ndarray | None = None  # (n_tracks, n_frames) the learned route's scores and sync leads, when it ran
+    scores: np.ndarray | None = (
+        None  # (n_tracks, n_frames) the learned route's scores and sync leads, when it ran
+    )
     lead: np.ndarray | None = None
     if crops is not None and audio is not None:
         ids = scored_tracks(activity, change, speech_prob, settings, cfg.asd_max_faces, agree)
@@ -386,10 +392,16 @@ def analyse_frames(
         feats = audio_features(np.asarray(audio, np.float32), RATE, n_frames, fps)
         observed = track_shapes(shapes.rows([tr.id for tr in tracks]))
         evidence = ContentEvidence(
-            cmap.predict(feats), observed, speech_prob >= 0.5, fps,
-            still_tracks(change, settings) | np.array([tr.side() < cfg.content_min_px for tr in tracks], bool),
+            cmap.predict(feats),
+            observed,
+            speech_prob >= 0.5,
+            fps,
+            still_tracks(change, settings)
+            | np.array([tr.side() < cfg.content_min_px for tr in tracks], bool),
         )
-        content_steps = _step_rows(content_rows(evidence.pred, observed, evidence.speech, fps), n_frames, step, 3)
+        content_steps = _step_rows(
+            content_rows(evidence.pred, observed, evidence.speech, fps), n_frames, step, 3
+        )
     voices = None
     if audio is not None and cfg.voice_min_cos > 0:
         voices = _voices_of(np.asarray(audio, np.float32), fps)

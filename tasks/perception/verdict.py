@@ -69,9 +69,7 @@ class VerdictInputs:
     voices: VoicesOf | None = None  # GE2E embeddings of spans of the source's sound; None: no voice rule
 
 
-def speaker_verdict(
-    inp: VerdictInputs, cfg: SpeakerConfig, skip: Iterable[str] = ()
-) -> list[SpeakerSegment]:
+def speaker_verdict(inp: VerdictInputs, cfg: SpeakerConfig, skip: Iterable[str] = ()) -> list[SpeakerSegment]:
     """The shot's speaker segments: `STAGES` in order on ``inp``, those named in ``skip`` left out."""
     skip = set(skip)
     unknown = skip - set(STAGES)
