@@ -20,16 +20,16 @@ import torch.nn.functional as F
 from model.config import DIT_PRESETS, DiTConfig
 from model.network.dit import InfiniteTalkDiT
 from model.network.rope import Rope3D, apply_rope
-from model.sampling.sampler import SamplerSettings, denoise_chunk, run_schedule, timestep_schedule
 from model.network.sparse_attention import (
     SparseSettings,
     grouped_attention,
     kept_mass,
-    sampling_step,
     window_mask,
     window_plan,
     window_scope,
 )
+from model.sampling.sampler import SamplerSettings, denoise_chunk, run_schedule, timestep_schedule
+from model.sampling.step import sampling_step
 from model.weights.tiny import random_dit_state
 from tests.parity.common import rel_err
 
@@ -228,7 +228,13 @@ def test_levers_default_off_and_reach_the_load_spec_and_sampler(tmp_path):
     assert (opts.sparse_window, opts.step_subset, opts.attention_kernel) == (None, None, "auto")
     assert load_spec(opts, "cpu").sparse is None
     section = shot_settings(cfg.to_dict(), 0)["infinitetalk"]
-    assert not {"sparse_window", "sparse_group", "sparse_dense_steps", "step_subset", "attention_kernel"} & set(section)
+    assert not {
+        "sparse_window",
+        "sparse_group",
+        "sparse_dense_steps",
+        "step_subset",
+        "attention_kernel",
+    } & set(section)
 
     on = resolve_options(cfg, {"sparse_window": 2, "step_subset": [0, 1, 2]}, need_weights=False)
     assert sparse_settings(on) == SparseSettings(window=2, group=3, dense_steps=1)
@@ -247,7 +253,9 @@ def test_sparse_on_a_gpu_without_fa3_is_refused_at_load():
     _set_attention(dit, spec)  # CPU: the grouped SDPA path
     assert dit.attn_backend == "window_sdpa" and dit.sparse == SparseSettings(window=1)
     gpu = dataclasses.replace(spec, device="cuda:0")
-    with pytest.raises(ValueError, match="sparse_window on a GPU needs fp8_attention with attention_kernel fa3"):
+    with pytest.raises(
+        ValueError, match="sparse_window on a GPU needs fp8_attention with attention_kernel fa3"
+    ):
         _set_attention(InfiniteTalkDiT(CFG), gpu)
 
 

@@ -50,8 +50,9 @@ from model.network.dit_blocks import (
 )
 from model.network.parallel import LOCAL_SHARD, SequenceParallel, TokenShard
 from model.network.rope import Rope3D, rope_1d_tables
-from model.network.sparse_attention import SparseSettings, WindowPlan, current_step, window_plan, window_scope
+from model.network.sparse_attention import SparseSettings, WindowPlan, window_plan, window_scope
 from model.network.teacache import TeaCache
+from model.sampling.step import current_step
 
 
 class InfiniteTalkDiT(nn.Module):
@@ -162,13 +163,15 @@ class InfiniteTalkDiT(nn.Module):
 
     def _window_plan(self, grid: tuple[int, int, int], batch: int, device: torch.device) -> WindowPlan | None:
         """The self-attention window of this call: None (dense) unless sparse attention is set and the
-        sampler's step (`model.network.sparse_attention.sampling_step`) is past the dense first steps."""
+        sampler's step (`model.sampling.step.sampling_step`) is past the dense first steps."""
         step = current_step()
         if self.sparse is None or step is None or step < self.sparse.dense_steps:
             return None
         key = (grid, batch, device, self.sparse)
         if key not in self._window_plans:
-            self._window_plans[key] = window_plan(grid[0], grid[1] * grid[2], self.sparse, batch=batch, device=device)
+            self._window_plans[key] = window_plan(
+                grid[0], grid[1] * grid[2], self.sparse, batch=batch, device=device
+            )
         return self._window_plans[key]
 
     def timestep_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -66,7 +66,12 @@ def quantize_per_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.library.custom_op("dubflow::fa3_fp8", mutates_args=())
 def fa3_fp8_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """e4m3 q/k/v (B, L, H, D) with descales (B, H) -> bf16 (B, Lq, H, D); the active window plan, if any."""
@@ -100,7 +105,11 @@ def sdpa_fp8(q, k, v, mask, scale):
         return _forward(qt, kt, vt, scale).transpose(1, 2)
     k_mean = kt.float().mean(dim=1, keepdim=True)  # (B, 1, H, D)
     v_mean = vt.float().mean(dim=1, keepdim=True)
-    (q8, dq), (k8, dk), (v8, dv) = quantize_per_head(qt), quantize_per_head(kt - k_mean), quantize_per_head(vt - v_mean)
+    (q8, dq), (k8, dk), (v8, dv) = (
+        quantize_per_head(qt),
+        quantize_per_head(kt - k_mean),
+        quantize_per_head(vt - v_mean),
+    )
     out = fa3_fp8_op(q8, k8, v8, dq, dk, dv, scale)  # (B, L, H, D) bf16
     return (out.float() + v_mean).to(q.dtype).transpose(1, 2)
 

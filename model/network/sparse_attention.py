@@ -11,7 +11,7 @@ contiguous; each group's keys are gathered once per call), so FlashAttention-3's
 narrowing (Radial Attention's) is done: that needs a block-sparse kernel, and none with fp8 runs on sm90.
 
 The plan is made by the DiT per forward (`window_plan`, only on the sampling steps the settings allow:
-`SparseSettings.dense_steps` first steps stay dense) and made active for the block loop with
+`SparseSettings.dense_steps` first steps stay dense; the step comes from `model.sampling.step`) and made active for the block loop with
 `window_scope`; the kernels read it with `active_plan` inside their opaque ops, so a compiled block
 serves dense and windowed steps alike. `grouped_attention` is the device-independent path (gathered keys,
 any SDPA kernel): the CPU's, and the reference the fp8 kernel is checked against.
@@ -75,7 +75,12 @@ def key_frames(a: int, b: int, frames: int, window: int) -> tuple[int, ...]:
 
 
 def window_plan(
-    frames: int, frame_tokens: int, settings: SparseSettings, *, batch: int = 1, device: torch.device | str = "cpu"
+    frames: int,
+    frame_tokens: int,
+    settings: SparseSettings,
+    *,
+    batch: int = 1,
+    device: torch.device | str = "cpu",
 ) -> WindowPlan:
     """The plan of a (frames x frame_tokens)-token self-attention with `batch` samples."""
     spans = []
@@ -118,25 +123,9 @@ def kept_mass(q: torch.Tensor, k: torch.Tensor, plan: WindowPlan, scale: float) 
     return (probs * window_mask(plan).to(probs.device)).sum(-1)
 
 
-_STEP: contextvars.ContextVar[int | None] = contextvars.ContextVar("dubflow_sampling_step", default=None)
-
-
-@contextlib.contextmanager
-def sampling_step(index: int) -> Iterator[None]:
-    """Mark the model calls inside as the chunk's `index`-th sampling step run (0 = the first)."""
-    token = _STEP.set(index)
-    try:
-        yield
-    finally:
-        _STEP.reset(token)
-
-
-def current_step() -> int | None:
-    """The sampling step of the calls in progress (None outside a sampler's step: a direct call)."""
-    return _STEP.get()
-
-
-_ACTIVE: contextvars.ContextVar[WindowPlan | None] = contextvars.ContextVar("dubflow_window_plan", default=None)
+_ACTIVE: contextvars.ContextVar[WindowPlan | None] = contextvars.ContextVar(
+    "dubflow_window_plan", default=None
+)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from model.sampling.chunks import VAE_TIME_STRIDE, PlanPolicy
 from model.sampling.conditioning import FrameEncoder, branch_inputs
 from model.sampling.guidance import APGState, apg_combine, cfg_combine, guidance_branches
-from model.network.sparse_attention import sampling_step
+from model.sampling.step import sampling_step
 
 ColorReference = Literal["chunk", "first"]
 

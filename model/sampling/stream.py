@@ -33,7 +33,7 @@ from model.sampling.sampler import (
     VelocityModel,
     add_noise,
     denoise_chunk,
-    timestep_schedule,
+    run_schedule,
     with_batch_dim,
 )
 

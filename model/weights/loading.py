@@ -21,11 +21,11 @@ from torch import nn
 
 from model.checkpoint import CheckpointError
 from model.network.cudnn_attention import fp8_supported
-from model.weights.fp8 import convert_to_fp8, fp8_options
-from model.weights.lora import merge_lora
-from model.runtime.offload import BlockOffload
 from model.network.sparse_attention import SparseSettings
+from model.runtime.offload import BlockOffload
+from model.weights.fp8 import convert_to_fp8, fp8_options
 from model.weights.layout import QUANTS, WeightsLayout, is_gguf, layout_for
+from model.weights.lora import merge_lora
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ class LoadSpec:
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.weights.fp8`; Hopper `_scaled_mm`)
     compile: bool = False  # torch.compile each DiT block once (`model.runtime.compile`; regional compilation)
     fp8_attention: bool = False  # DiT self-attention as an fp8 kernel (Hopper): `attention_kernel`'s
-    attention_kernel: str = "cudnn"  # cudnn (`model.network.cudnn_attention`) | fa3 (`model.network.fa3_attention`, fa3-fwd)
+    attention_kernel: str = (
+        "cudnn"  # cudnn (`model.network.cudnn_attention`) | fa3 (`model.network.fa3_attention`, fa3-fwd)
+    )
     # frame-window self-attention after the first steps (lossy opt-in, `model.network.sparse_attention`); on a GPU
     # it needs fp8_attention with attention_kernel fa3, on a CPU it runs SDPA per query group
     sparse: SparseSettings | None = None

@@ -103,7 +103,9 @@ def resolve_options(
             "infinitetalk.vae_tile_px", f"must be a positive multiple of 32, got {opts.vae_tile_px}"
         )
     if opts.sparse_window is not None and opts.sparse_window < 0:
-        raise ConfigError("infinitetalk.sparse_window", f"must be null or >= 0 latent frames, got {opts.sparse_window}")
+        raise ConfigError(
+            "infinitetalk.sparse_window", f"must be null or >= 0 latent frames, got {opts.sparse_window}"
+        )
     if opts.sparse_group < 1 or opts.sparse_dense_steps < 0:
         raise ConfigError(
             "infinitetalk.sparse_group", f"sparse_group >= 1 and sparse_dense_steps >= 0, got "
@@ -111,7 +113,9 @@ def resolve_options(
         )  # fmt: skip
     subset = opts.step_subset
     if subset is not None and (not subset or list(subset) != sorted(set(subset)) or subset[0] < 0):
-        raise ConfigError("infinitetalk.step_subset", f"must be increasing step indices from 0, got {list(subset)}")
+        raise ConfigError(
+            "infinitetalk.step_subset", f"must be increasing step indices from 0, got {list(subset)}"
+        )
     if opts.preset == "fast" and need_weights:
         opts = with_distill_lora(opts)
     return opts
@@ -317,7 +321,9 @@ def sparse_settings(opts: InfiniteTalkConfig) -> SparseSettings | None:
     """The frame-window self-attention of the options (`sparse_window`; None = dense, the default)."""
     if opts.sparse_window is None:
         return None
-    return SparseSettings(window=opts.sparse_window, group=opts.sparse_group, dense_steps=opts.sparse_dense_steps)
+    return SparseSettings(
+        window=opts.sparse_window, group=opts.sparse_group, dense_steps=opts.sparse_dense_steps
+    )
 
 
 @dataclass(frozen=True)
