@@ -276,6 +276,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
                 "vae_dtype",
                 "fp8_compute",
                 "fp8_attention",
+                "attention_kernel",
+                "sparse",
                 "compile",
                 "offload",
                 "loras",

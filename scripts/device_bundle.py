@@ -58,7 +58,10 @@ EXCLUDED = {
     "optimum-quanto": "the official quantized DiT files only (infinitetalk.quant none)",
     "imageio-ffmpeg": f"carried at {FFMPEG_WHEEL} (the installed version's wheel is 68 MB)",
 }
-EXTRA = ["nvidia-cudnn-frontend==1.32.0"]  # the `cuda` extra (fp8 attention on Hopper; carried before)
+EXTRA = [
+    "nvidia-cudnn-frontend==1.32.0",
+    "fa3-fwd==0.0.3",
+]  # the `cuda` and `fa3` extras (fp8 attention kernels)
 PLATFORMS = [
     "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",

@@ -6,7 +6,10 @@ through `torch.nn.attention.sdpa_kernel`, `auto` (the DiT default) lets SDPA pic
 cuDNN > flash > efficient > math (cuDNN is the fastest on Hopper), and `reference` is the readable float32 softmax path used to
 check the others. `cudnn` and `cudnn_fp8` run the cuDNN frontend's inference graphs
 (`model.network.cudnn_attention`; CUDA only, fp8 on Hopper): their built graphs live in the runner that
-`attention_context` is given. Further kernels register themselves with `register_attention_backend`.
+`attention_context` is given. `fa3` and `fa3_fp8` run FlashAttention-3's bf16 / fp8 kernels
+(`model.network.fa3_attention`; Hopper, optional `fa3-fwd` package); `fa3_fp8` also runs the frame-window plan of
+`model.network.sparse_attention` when one is active, and `window_sdpa` is that plan on any device (SDPA per query
+group; dense when no plan is active). Further kernels register themselves with `register_attention_backend`.
 
 The official InfiniteTalk code attends to the full zero-padded text context (its `context_lens` is
 None), so the DiT passes no mask; `k_lens` exists for callers that do want key-length masking.
@@ -22,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from model.network import cudnn_attention
+from model.network import cudnn_attention, fa3_attention
+from model.network.sparse_attention import active_plan, grouped_attention
 
 # A backend takes q, k, v in (B, H, L, D) layout, an optional boolean mask broadcastable to
 # (B, H, Lq, Lk) (True = attend) and the softmax scale; it returns (B, H, Lq, Dv).
@@ -87,6 +91,19 @@ def _sdpa_auto(q, k, v, mask, scale):
 
 register_attention_backend("cudnn")(cudnn_attention.sdpa_bf16)
 register_attention_backend("cudnn_fp8")(cudnn_attention.sdpa_fp8)
+register_attention_backend("fa3")(fa3_attention.sdpa_bf16)
+register_attention_backend("fa3_fp8")(fa3_attention.sdpa_fp8)
+
+
+@register_attention_backend("window_sdpa")
+def _window_sdpa(q, k, v, mask, scale):
+    """The active frame-window plan (`model.network.sparse_attention`) by gathered keys and SDPA per query group;
+    plain SDPA where none covers these keys. Eager only (the plan is read at call time): CPU runs."""
+    plan = active_plan(k.shape[-2])
+    if plan is None or mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out = grouped_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan, scale)
+    return out.transpose(1, 2)  # (B, H, L, Dv)
 
 
 def attention_context(

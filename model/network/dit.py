@@ -50,7 +50,9 @@ from model.network.dit_blocks import (
 )
 from model.network.parallel import LOCAL_SHARD, SequenceParallel, TokenShard
 from model.network.rope import Rope3D, rope_1d_tables
+from model.network.sparse_attention import SparseSettings, WindowPlan, window_plan, window_scope
 from model.network.teacache import TeaCache
+from model.sampling.step import current_step
 
 
 class InfiniteTalkDiT(nn.Module):
@@ -61,6 +63,9 @@ class InfiniteTalkDiT(nn.Module):
         self.config = config
         dim = config.dim
         self.attn_backend = "auto"
+        # frame-window self-attention after the first steps (lossy opt-in; `model.network.sparse_attention`)
+        self.sparse: SparseSettings | None = None
+        self._window_plans: dict[tuple, WindowPlan] = {}  # made once per (grid, batch, device)
         self.attn_graphs = CudnnAttention()  # built cuDNN attention graphs (backends cudnn / cudnn_fp8)
         self.patch_embedding = nn.Conv3d(
             config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size
@@ -156,6 +161,19 @@ class InfiniteTalkDiT(nn.Module):
 
     # --- forward ---
 
+    def _window_plan(self, grid: tuple[int, int, int], batch: int, device: torch.device) -> WindowPlan | None:
+        """The self-attention window of this call: None (dense) unless sparse attention is set and the
+        sampler's step (`model.sampling.step.sampling_step`) is past the dense first steps."""
+        step = current_step()
+        if self.sparse is None or step is None or step < self.sparse.dense_steps:
+            return None
+        key = (grid, batch, device, self.sparse)
+        if key not in self._window_plans:
+            self._window_plans[key] = window_plan(
+                grid[0], grid[1] * grid[2], self.sparse, batch=batch, device=device
+            )
+        return self._window_plans[key]
+
     def timestep_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """t (B,) -> time embedding e (B, dim) and block modulation e0 (B, 6, dim), float32.
 
@@ -213,7 +231,8 @@ class InfiniteTalkDiT(nn.Module):
         compute = True if teacache is None else shard.agree(teacache.should_compute(branch, e, e0))
         if compute:
             start = tokens
-            with attention_context(self.attn_backend, self.attn_graphs):  # also while compiling
+            plan = self._window_plan(grid, batch, tokens.device)
+            with attention_context(self.attn_backend, self.attn_graphs), window_scope(plan):  # also compiling
                 for block in self.blocks:
                     tokens = block(
                         tokens,

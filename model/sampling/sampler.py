@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from model.sampling.chunks import VAE_TIME_STRIDE, PlanPolicy
 from model.sampling.conditioning import FrameEncoder, branch_inputs
 from model.sampling.guidance import APGState, apg_combine, cfg_combine, guidance_branches
+from model.sampling.step import sampling_step
 
 ColorReference = Literal["chunk", "first"]
 
@@ -76,6 +77,9 @@ class SamplerSettings:
     batch_branches: evaluate a step's 2-3 guidance branches as one batched DiT call (same numbers
         up to float rounding; one TeaCache decision per step, under the branch name
         ``"cond+drop_text+uncond"``) instead of one call per branch.
+    step_subset: run only these steps (indices into the ``sampling_steps`` schedule, increasing), the
+        last one's Euler update going straight to 0 (lossy, opt-in: e.g. ``(0, 1, 2)`` of the 4-step
+        distilled schedule). None runs every step.
     """
 
     frame_num: int = 81
@@ -95,6 +99,7 @@ class SamplerSettings:
     max_frames: int = 1000
     num_train_timesteps: int = 1000
     batch_branches: bool = False
+    step_subset: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.frame_num < 1 or (self.frame_num - 1) % VAE_TIME_STRIDE:
@@ -120,11 +125,27 @@ class SamplerSettings:
             )
         if self.plan not in ("dubflow", "official"):
             raise ValueError(f"SamplerSettings.plan must be dubflow|official, got {self.plan!r}")
+        subset = self.step_subset
+        if subset is not None and (
+            not subset
+            or list(subset) != sorted(set(subset))
+            or subset[0] < 0
+            or subset[-1] >= self.sampling_steps
+        ):
+            raise ValueError(
+                f"SamplerSettings.step_subset must be increasing step indices in [0, {self.sampling_steps}), "
+                f"got {subset}"
+            )
+
+    @property
+    def steps_run(self) -> int:
+        """Steps of the schedule that is run (`step_subset`'s length, else `sampling_steps`)."""
+        return self.sampling_steps if self.step_subset is None else len(self.step_subset)
 
     @property
     def start_step(self) -> int:
         """Index of the first schedule step run (0 unless denoise_strength < 1)."""
-        n = self.sampling_steps
+        n = self.steps_run
         return n - min(int(n * self.denoise_strength), n)
 
 
@@ -158,6 +179,15 @@ def timestep_schedule(sampling_steps: int, shift: float, num_train_timesteps: in
     t = t / num_train_timesteps
     t = shift * t / (1 + (shift - 1) * t)
     return t * num_train_timesteps
+
+
+def run_schedule(settings: SamplerSettings) -> torch.Tensor:
+    """The timesteps a run goes through: (steps_run + 1,) float32, the `step_subset` of the
+    `sampling_steps` schedule (all of it by default) followed by the final 0."""
+    full = timestep_schedule(settings.sampling_steps, settings.shift, settings.num_train_timesteps)
+    if settings.step_subset is None:
+        return full
+    return full[[*settings.step_subset, settings.sampling_steps]]
 
 
 def add_noise(
@@ -279,29 +309,30 @@ def denoise_chunk(
     if teacache is not None and hasattr(model, "timestep_modulation"):  # TeaCache decisions: no sync per call
         teacache.prepare_schedule(
             model.timestep_modulation,
-            timesteps[start_step : settings.sampling_steps],
+            timesteps[start_step : settings.steps_run],
             len(calls) if batched else 1,
         )
-    for i in range(start_step, settings.sampling_steps):
+    for i in range(start_step, settings.steps_run):
         t, t_next = timesteps[i : i + 1], timesteps[i + 1 : i + 2]  # (1,), (1,)
         latent[:, :, :t_m] = motion_latent
-        if batched:
-            preds = _batched_branches(model, latent, t, calls, clip_fea, y, ref_target_masks, teacache)
-        else:
-            preds = {
-                name: model(
-                    latent,
-                    t=t,
-                    context=ctx,
-                    clip_fea=clip_fea,
-                    y=y,
-                    audio=aud,
-                    ref_target_masks=ref_target_masks,
-                    teacache=teacache,
-                    branch=name,
-                ).float()
-                for name, (ctx, aud) in calls.items()
-            }
+        with sampling_step(i - start_step):  # the DiT's per-step choices (dense or windowed attention)
+            if batched:
+                preds = _batched_branches(model, latent, t, calls, clip_fea, y, ref_target_masks, teacache)
+            else:
+                preds = {
+                    name: model(
+                        latent,
+                        t=t,
+                        context=ctx,
+                        clip_fea=clip_fea,
+                        y=y,
+                        audio=aud,
+                        ref_target_masks=ref_target_masks,
+                        teacache=teacache,
+                        branch=name,
+                    ).float()
+                    for name, (ctx, aud) in calls.items()
+                }
         if apg is not None:
             velocity = apg_combine(preds, settings.text_guide_scale, settings.audio_guide_scale, apg)
         else:

@@ -33,7 +33,7 @@ from model.sampling.sampler import (
     VelocityModel,
     add_noise,
     denoise_chunk,
-    timestep_schedule,
+    run_schedule,
     with_batch_dim,
 )
 
@@ -185,9 +185,7 @@ def stream_generate(
     context = with_batch_dim(cond.context, 3)  # (1, Lt, Dt)
     context_null = with_batch_dim(cond.context_null, 3)
     masks = cond.ref_target_masks.to(device)
-    timesteps = timestep_schedule(settings.sampling_steps, settings.shift, settings.num_train_timesteps).to(
-        device
-    )
+    timesteps = run_schedule(settings).to(device)  # (steps_run + 1,)
     start_step = settings.start_step
 
     frames_out, latents_out, specs_out = [], [], []

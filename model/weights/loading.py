@@ -21,6 +21,7 @@ from torch import nn
 
 from model.checkpoint import CheckpointError
 from model.network.cudnn_attention import fp8_supported
+from model.network.sparse_attention import SparseSettings
 from model.runtime.offload import BlockOffload
 from model.weights.fp8 import convert_to_fp8, fp8_options
 from model.weights.layout import QUANTS, WeightsLayout, is_gguf, layout_for
@@ -56,9 +57,13 @@ class LoadSpec:
     components: tuple[str, ...] = COMPONENTS
     fp8_compute: bool = False  # DiT block linears as fp8 GEMMs (`model.weights.fp8`; Hopper `_scaled_mm`)
     compile: bool = False  # torch.compile each DiT block once (`model.runtime.compile`; regional compilation)
-    fp8_attention: bool = (
-        False  # DiT self-attention as cuDNN's fp8 kernel (`model.network.cudnn_attention`; Hopper)
+    fp8_attention: bool = False  # DiT self-attention as an fp8 kernel (Hopper): `attention_kernel`'s
+    attention_kernel: str = (
+        "cudnn"  # cudnn (`model.network.cudnn_attention`) | fa3 (`model.network.fa3_attention`, fa3-fwd)
     )
+    # frame-window self-attention after the first steps (lossy opt-in, `model.network.sparse_attention`); on a GPU
+    # it needs fp8_attention with attention_kernel fa3, on a CPU it runs SDPA per query group
+    sparse: SparseSettings | None = None
     # DiT blocks streamed from pinned host memory (`model.runtime.offload.BlockOffload`): the DiT is built and
     # LoRA-merged on the host, fp8-converted block by block on the device as the blocks are pinned, so
     # its full weights never sit on the device at once
@@ -76,6 +81,8 @@ class LoadSpec:
             raise ValueError(f"unknown components {sorted(unknown)}; known: {list(COMPONENTS)}")
         if self.loras and self.quant != "none":
             raise ValueError("LoRAs cannot be merged into a quantized DiT (as in the official pipeline)")
+        if self.attention_kernel not in ("cudnn", "fa3"):
+            raise ValueError(f"attention_kernel {self.attention_kernel!r} not in ('cudnn', 'fa3')")
 
     @classmethod
     def cpu_float32(cls, **changes) -> LoadSpec:
@@ -182,6 +189,43 @@ def _cross_check(models: Models, root: Path, layout: WeightsLayout) -> None:
             raise CheckpointError(f"{path}: {what} {got} does not match the DiT's {field} {want} ({src})")
 
 
+def _set_attention(dit: nn.Module, spec: LoadSpec) -> None:
+    """The DiT's attention backend and sparse settings from the spec; what cannot run fails here, at load."""
+    device = torch.device(spec.device)
+    if spec.fp8_attention and spec.attention_kernel == "fa3":
+        from model.network import fa3_attention
+
+        if not fa3_attention.available(device):
+            raise ValueError(
+                f"fp8_attention with attention_kernel fa3 needs a Hopper (sm90) CUDA device and the fa3-fwd "
+                f"package (pip install 'dubflow[fa3]'); device is {spec.device!r}"
+            )
+        dit.attn_backend = "fa3_fp8"
+        log.info("DiT: self-attention runs as FlashAttention-3 fp8 attention")
+    elif spec.fp8_attention:
+        if not fp8_supported(device):
+            raise ValueError(
+                f"fp8_attention needs a Hopper (sm90+) CUDA device and the nvidia-cudnn-frontend "
+                f"package (pip install 'dubflow[cuda]'); device is {spec.device!r}"
+            )
+        dit.attn_backend = "cudnn_fp8"
+        log.info("DiT: self-attention runs as cuDNN fp8 attention")
+    if spec.sparse is None:
+        return
+    if device.type == "cpu" and not spec.fp8_attention:
+        dit.attn_backend = "window_sdpa"
+    elif dit.attn_backend != "fa3_fp8":
+        raise ValueError(
+            "sparse_window on a GPU needs fp8_attention with attention_kernel fa3 (FlashAttention-3's varlen "
+            f"kernel); attention backend is {dit.attn_backend!r}"
+        )
+    dit.sparse = spec.sparse
+    log.info(
+        "DiT: LOSSY frame-window self-attention (window %d, group %d) after %d dense step(s)",
+        spec.sparse.window, spec.sparse.group, spec.sparse.dense_steps,
+    )  # fmt: skip
+
+
 def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
     """Load the requested components from a weights root in the official layout (see `model.weights.layout`)."""
     from model.network.clip import load_clip  # keep `import model.weights.loading` light
@@ -205,14 +249,7 @@ def load_models(root: Path | str, spec: LoadSpec | None = None) -> Models:
         models.dit = _load_dit(root, layout, spec)
         if spec.offload or spec.fp8_compute:
             _place_dit(models.dit, spec)
-        if spec.fp8_attention:
-            if not fp8_supported(torch.device(spec.device)):
-                raise ValueError(
-                    f"fp8_attention needs a Hopper (sm90+) CUDA device and the nvidia-cudnn-frontend "
-                    f"package (pip install 'dubflow[cuda]'); device is {spec.device!r}"
-                )
-            models.dit.attn_backend = "cudnn_fp8"
-            log.info("DiT: self-attention runs as cuDNN fp8 attention")
+        _set_attention(models.dit, spec)
         if spec.compile:
             from model.runtime.compile import compile_blocks  # imports the DiT blocks
 

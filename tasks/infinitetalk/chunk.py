@@ -86,7 +86,7 @@ def generate_chunk(models: ChunkModels, job: ChunkJob) -> Any:
         generator.manual_seed(job.settings.seed)
     teacache = None
     if job.teacache is not None:
-        steps = job.settings.sampling_steps - job.settings.start_step
+        steps = job.settings.steps_run - job.settings.start_step
         teacache = TeaCache(TeaCacheConfig(threshold=job.teacache, preset=job.teacache_preset), steps)
     outputs: list[Any] = []
     stream_generate(

@@ -32,7 +32,11 @@ def chunk_price(cfg: PipelineConfig, *, fallbacks: bool = False) -> ChunkPrice:
     opts = resolve_options(cfg, overrides, need_weights=False)
     preset = sampler_preset(opts.mode)
     steps = opts.steps if opts.steps is not None else preset.sampling_steps
-    run = dataclasses.replace(preset, sampling_steps=steps, denoise_strength=opts.denoise_strength)
+    subset = None if opts.step_subset is None else tuple(opts.step_subset)
+    run = dataclasses.replace(
+        preset, sampling_steps=steps, step_subset=subset, denoise_strength=opts.denoise_strength
+    )
+    steps = run.steps_run
     branches = len(guidance_branches(opts.text_guide_scale, opts.audio_guide_scale))
     if opts.mode == "tiny":
         precision = "float32"  # tiny mode always runs float32

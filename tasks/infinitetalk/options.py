@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from model.config import DIT_PRESETS
 from model.network.cudnn_attention import fp8_supported
+from model.network.sparse_attention import SparseSettings
 from model.network.tiling import TileSpec
 from model.network.vae_net import ZeroTailMemo
 from model.runtime.offload import (
@@ -100,6 +101,20 @@ def resolve_options(
     if opts.vae_tile_px < 32 or opts.vae_tile_px % 32:
         raise ConfigError(
             "infinitetalk.vae_tile_px", f"must be a positive multiple of 32, got {opts.vae_tile_px}"
+        )
+    if opts.sparse_window is not None and opts.sparse_window < 0:
+        raise ConfigError(
+            "infinitetalk.sparse_window", f"must be null or >= 0 latent frames, got {opts.sparse_window}"
+        )
+    if opts.sparse_group < 1 or opts.sparse_dense_steps < 0:
+        raise ConfigError(
+            "infinitetalk.sparse_group", f"sparse_group >= 1 and sparse_dense_steps >= 0, got "
+            f"{opts.sparse_group} and {opts.sparse_dense_steps}",
+        )  # fmt: skip
+    subset = opts.step_subset
+    if subset is not None and (not subset or list(subset) != sorted(set(subset)) or subset[0] < 0):
+        raise ConfigError(
+            "infinitetalk.step_subset", f"must be increasing step indices from 0, got {list(subset)}"
         )
     if opts.preset == "fast" and need_weights:
         opts = with_distill_lora(opts)
@@ -276,7 +291,7 @@ def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> 
         return LoadSpec(
             mode=layout, device=device, dtype=f32, vae_dtype=f32, t5_dtype=f32, clip_dtype=f32,
             audio_dtype=f32, t5_cpu=True, quant=opts.quant, loras=loras, offload=off.offload,
-            offload_reason=off.reason,
+            offload_reason=off.reason, sparse=sparse_settings(opts),
         )  # fmt: skip
     dtype = getattr(torch, opts.dtype)
     fp8_compute, fp8_attention = fp8_flags(opts, device)
@@ -284,9 +299,31 @@ def load_spec(opts: InfiniteTalkConfig, device: str, *, frame_num: int = 81) -> 
     return LoadSpec(
         mode=layout, device=device, dtype=dtype, t5_cpu=opts.t5_cpu, quant=opts.quant, loras=loras,
         fp8_compute=fp8_compute, fp8_attention=fp8_attention, compile=compile_dit,
+        attention_kernel=attention_kernel(opts, device), sparse=sparse_settings(opts),
         vae_dtype=getattr(torch, opts.vae_dtype),
         offload=off.offload, offload_reason=off.reason,
     )  # fmt: skip
+
+
+def attention_kernel(opts: InfiniteTalkConfig, device: str) -> str:
+    """The fp8 attention kernel (`infinitetalk.attention_kernel`): auto = fa3 where FlashAttention-3 runs
+    (`fa3-fwd` installed, sm90), else cudnn."""
+    import torch
+
+    if opts.attention_kernel != "auto":
+        return opts.attention_kernel
+    from model.network.fa3_attention import available
+
+    return "fa3" if device.startswith("cuda") and available(torch.device(device)) else "cudnn"
+
+
+def sparse_settings(opts: InfiniteTalkConfig) -> SparseSettings | None:
+    """The frame-window self-attention of the options (`sparse_window`; None = dense, the default)."""
+    if opts.sparse_window is None:
+        return None
+    return SparseSettings(
+        window=opts.sparse_window, group=opts.sparse_group, dense_steps=opts.sparse_dense_steps
+    )
 
 
 @dataclass(frozen=True)

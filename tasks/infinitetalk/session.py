@@ -91,6 +91,8 @@ def sampler_settings(opts: InfiniteTalkConfig, cfg: PipelineConfig, plan: ShotPl
         changes["sampling_steps"] = opts.steps
     if opts.shift is not None:
         changes["shift"] = opts.shift
+    if opts.step_subset is not None:
+        changes["step_subset"] = tuple(opts.step_subset)
     return sampler_preset(preset, **changes)
 
 

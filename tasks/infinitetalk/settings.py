@@ -59,7 +59,13 @@ class InfiniteTalkConfig:
     fp8_compute: (
         Literal["auto", True, False] | None
     )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported
-    fp8_attention: Literal["auto", True, False] | None  # self-attention as cuDNN fp8 attention (Hopper)
+    fp8_attention: Literal["auto", True, False] | None  # self-attention as fp8 attention (Hopper)
+    attention_kernel: Literal["auto", "cudnn", "fa3"]  # the fp8 attention kernel; auto = fa3 where installed
+    # lossy opt-ins, off by default (docs/speed.md): frame-window self-attention and a step subset
+    sparse_window: int | None  # latent frames each side of a query group (+ frame 0 as a sink); None = dense
+    sparse_group: int  # query latent frames per group
+    sparse_dense_steps: int  # the first sampling steps of each chunk stay dense
+    step_subset: tuple[int, ...] | None  # run only these steps (indices) of the preset's schedule; None = all
     vae_dtype: Literal["float32", "bfloat16"] | None  # VAE precision on a GPU (CPU runs: float32)
     offload: Literal["auto", True, False]  # DiT blocks streamed from host memory; auto = GPU too small
     vae_tiling: Literal["auto", True, False]  # spatial VAE tiles; auto = when free GPU memory is short
@@ -110,12 +116,26 @@ def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[
         section.pop("weights", None)
         if not section.get("distilled"):
             section.pop("distilled", None)
+        _drop_speed_defaults(section)
         section["loras"] = [
             [_file_identity(Path(str(lo.get("path")))), lo.get("scale", 1.0)]
             for lo in section.get("loras", ())
         ]
     config[SECTION] = section
     return config
+
+
+def _drop_speed_defaults(section: dict[str, Any]) -> None:
+    """Leave the speed keys out of a shot key at their defaults (keys made before them stay valid):
+    `attention_kernel` auto, and the lossy opt-ins when off (`sparse_window` null drops its group and
+    dense-step keys too)."""
+    if section.get("attention_kernel") == "auto":
+        section.pop("attention_kernel", None)
+    if section.get("sparse_window") is None:
+        for key in ("sparse_window", "sparse_group", "sparse_dense_steps"):
+            section.pop(key, None)
+    if section.get("step_subset") is None:
+        section.pop("step_subset", None)
 
 
 def _file_identity(path: Path) -> str:

@@ -86,7 +86,7 @@ def warm_key(
 
 
 def _one_step(settings: Any) -> Any:
-    return dataclasses.replace(settings, sampling_steps=1, denoise_strength=1.0)
+    return dataclasses.replace(settings, sampling_steps=1, step_subset=None, denoise_strength=1.0)
 
 
 def _two_chunks(backend: Any, model_hw: tuple[int, int], settings: Any, device: str, dtype: Any) -> None:
