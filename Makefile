@@ -10,7 +10,7 @@ STAMP := $(VENV)/.dubflow-installed
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),dev$(comma)team$(comma)cuda,dev$(comma)team)
 comma := ,
 
-.PHONY: setup demo demo-local test lint clean lock
+.PHONY: setup demo demo-local test lint clean lock chromium
 
 setup: $(STAMP)
 
@@ -42,12 +42,19 @@ $(FFMPEG7):
 		$(VENV)/ffmpeg-builds $(FFMPEG7) \
 	|| echo "make: no second ffmpeg build (PyPI unreachable?): tests/test_ffmpeg_builds.py skips"
 
+# Debian's Chromium for the review step's browser test (tests/test_review_e2e.py; playwright drives it): installed
+# with apt-get where it is missing and we may (root); else that test skips.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	|| echo "make: no Chromium (not root?): tests/test_review_e2e.py's browser test skips"
+
 # TEST_WORKERS=2 runs the test files on 2 pytest-xdist workers (whole files per worker, the longest first:
 # tests/scheduling.py). The default stays one process until the whole suite is measured both ways on an idle
 # 2-core box: on the loaded box a tiny-model film test passed pytest-timeout's 900 s on a worker
 # (benchmarks/RESULTS.md, "make test").
 TEST_WORKERS ?= 0
-test: setup $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
+test: setup chromium $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
 	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" \
 		$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

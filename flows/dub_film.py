@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +60,7 @@ from flows.film_tasks import (
     export_timeline,
     film_tag,
     film_workspace_key,
+    review_identities,
     timeline_paths,
     workspace_root,
 )
@@ -67,11 +69,22 @@ from flows.groups import GpuCost, ShotCost, plan_groups
 from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
+from flows.review import ask_once, log_uncertain, qc_preview, review_notes
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
+from tasks.backends import backend_option
 from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
+from tasks.decision.plan_file import write_plan
+from tasks.decision.review import (
+    answer_overrides,
+    film_turns,
+    fresh_plan,
+    plan_answers,
+    settle,
+    write_answers,
+)
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
 from tasks.media.assemble import check_output_path
@@ -242,6 +255,7 @@ def run_pipeline(
     stems: dict[str, str] | None = None,
     *,
     held: contextlib.ExitStack,
+    can_ask: bool = False,
 ) -> str:
     """The dub-film sequence (no media math here: every step is a task); `plan`: a shot plan file;
     `stems`: {character: dub stem file} (who speaks when; `audio` stays the track that is muxed).
@@ -249,13 +263,24 @@ def run_pipeline(
     1. checks: everything that would fail late is checked first (config, output path, cast, backend);
     2. the film preparation (`flows.prepare.prepare_film` with `FlowSteps`): pixel format, workspace,
        shots, dialogue, chunk plans, cast, keys, the workspace's intermediates and free space, decisions;
-    3. the shot groups rendered (`render_groups`); 4. the film assembled and reported (`deliver`).
+    3. the shot groups rendered (`render_groups`); with uncertain turns, `review.enabled` and `can_ask` (a
+       deployment run) the run pauses once for them (`review_step`), else they are listed with the plan
+       file to edit (`flows.review.log_uncertain`); 4. the film assembled and reported (`deliver`).
     From the workspace's opening to the end the run holds its lock (a second run of the same workspace
     waits, `checks.lock_wait_s`).
     """
     t0 = time.monotonic()
     noted = input_identity([source, audio, mix, plan, *(stems or {}).values()])  # checked before assembling
     cfg, out, stems = _checked(source, audio, out, mix, config, plan, stems, overwrite)
+    if plan is None and cfg.review.enabled and Path(film_plan_file(out)).is_file():
+        plan = film_plan_file(out)  # an earlier review's answers: the film's plan file
+        run_logger(log).info("applying the film's plan file %s (an earlier review's answers)", plan)
+        noted = refreshed(noted, plan)
+        names = {
+            **cfg.cast.names,
+            **plan_names(plan),
+        }  # its characters: section, as `_checked` reads a plan's
+        cfg = dataclasses.replace(cfg, cast=dataclasses.replace(cfg.cast, names=names))
     steps = FlowSteps(runner, cfg, source, out, overwrite, held, mix)
     needs_gpu = cfg.backend.name != "passthrough"
     prepared = prepare_film(source, audio, cfg, steps, stems=stems, plan=plan, decide=needs_gpu)
@@ -267,6 +292,22 @@ def run_pipeline(
     }  # fmt: skip
     t_prepared = time.monotonic()
     rendered = render_groups(runner, steps.ws, film, prepared.records, cfg)
+    turns = film_turns(prepared.records)
+    if turns:  # every shot is rendered (uncertain turns under the policy): ask once, re-render what changed
+        plan_path = plan or film_plan_file(out)
+        if cfg.review.enabled and can_ask:
+            rendered, prepared.records = review_step(runner, steps, film, prepared, cfg, turns, plan_path)
+            noted = refreshed(noted, plan_path)  # the answers went into the plan file
+        else:
+            if not Path(plan_path).exists():
+                fps = Fraction(prepared.video["fps"])
+                seed = int(backend_option(film["config"], "seed", 0) or 0)
+                fresh = fresh_plan(source, audio, fps, prepared.video["frame_count"], prepared.records, seed)
+                try:
+                    write_plan(plan_path, fresh)
+                except (OSError, DubflowError) as exc:  # a listing without a file to edit, never a failed film
+                    run_logger(log).warning("%s: plan file not written (%s)", plan_path, exc)
+            log_uncertain(turns, Fraction(prepared.video["fps"]), plan_path)
     t_rendered = time.monotonic()
     audio_path, pad = (mix, steps.mix_action == "pad") if mix else (audio, prepared.track.action == "pad")
     check_inputs_unchanged(noted)  # a source or dub replaced while shots rendered: nothing mixed
@@ -284,6 +325,64 @@ def run_pipeline(
     _summary(runner, film, prepared.records, rendered, final, timings, cfg)
     run_logger(log).info("%s -> %s in %.1f s", source, final["output"], t_end - t0)
     return final["output"]
+
+
+def film_plan_file(out: str) -> str:
+    """The film's plan file when the run names none: ``<out stem>.plan.yaml`` beside the output."""
+    return str(Path(out).with_name(Path(out).stem + ".plan.yaml"))
+
+
+def refreshed(noted: dict[str, Any], path: str) -> dict[str, Any]:
+    """The inputs noted at the start with ``path`` (the plan file the review writes) noted again."""
+    return {**{k: v for k, v in noted.items() if k != str(path)}, **input_identity([path])}
+
+
+def review_step(
+    runner: Any, steps: FlowSteps, film: dict[str, Any], prepared: Any, cfg: PipelineConfig,
+    turns: list[Any], plan_path: str,
+) -> tuple[Rendered, list[dict[str, Any]]]:  # fmt: skip
+    """Pause once for the uncertain `turns` (`flows.review.ask_once`), settle them (a person, the same
+    character, or the policy), put the answers into the plan file and the shots' overrides, re-key and
+    re-decide those shots and render again: only the shots whose key changed render."""
+    ws, records, video = steps.ws, prepared.records, prepared.video
+    assert ws is not None
+    by_index = {r["index"]: r for r in records}
+    shots = sorted({t.shot for t in turns})
+    spans = [[t.shot, t.start_frame, t.end_frame] for t in turns]
+    ids = runner.call(
+        review_identities, video, records, spans, film["config"], str(ws.path), name=film["tag"]
+    )
+    characters = {(int(i), int(k)): str(c) for i, k, c in ids["faces"]}
+    voices = {t.field: ids["voices"].get(f"{t.shot}:{t.start_frame}:{t.end_frame}") for t in turns}
+    previews = {i: qc_preview(ws, by_index[i]) for i in shots}
+    key = f"review-{ws.key[:12]}"
+    values, by_deadline = ask_once(turns, video, previews, cfg.review.timeout_s, plan_path, key)
+    settled = settle(turns, values, characters, voices, cfg.speaker.voice_min_cos)
+    answers = plan_answers(settled)
+    notes = review_notes(settled, by_deadline)
+    logger = run_logger(log)
+    for s in settled:
+        logger.info("review: shot %d %s -> %s (%s)", s.turn.shot, s.turn.field, s.speaker, s.by)
+    if answers:
+        fps = Fraction(video["fps"])
+        seed = int(backend_option(film["config"], "seed", 0) or 0)
+        fresh = fresh_plan(film["source"], prepared.track.source, fps, video["frame_count"], records, seed)
+        try:
+            write_answers(plan_path, answers, fresh)
+            logger.info("review: answers for shot(s) %s written to %s", sorted(answers), plan_path)
+        except DubflowError as exc:  # e.g. a plan dubflow did not write: this run still applies them
+            logger.warning("review: answers not kept in %s (%s); this run applies them", plan_path, exc)
+        changed = [
+            {**by_index[i], "overrides": answer_overrides(by_index[i].get("overrides"), i, a)}
+            for i, a in sorted(answers.items())
+        ]
+        changed = steps.keyed(changed, prepared.track.to_dict(), prepared.stems)
+        decisions = steps.decide(video, changed, prepared.track.to_dict())
+        for r in changed:
+            by_index[r["index"]] = {**r, "decision": decisions[r["index"]]}
+    records = [{**by_index[r["index"]], **({"review": notes[r["index"]]} if r["index"] in notes else {})}
+               for r in records]  # fmt: skip
+    return render_groups(runner, ws, film, records, cfg), records
 
 
 def _checked(
@@ -461,7 +560,9 @@ def dub_film(
     if fanout not in ("local", "deployments"):
         raise ConfigError("fanout", f"unknown fan-out {fanout!r} (auto, local or deployments)")
     runner = PrefectRunner(fanout, run_group)
-    return run_pipeline(source, audio, out, mix, cfg.to_dict(), runner, plan, overwrite, stems)
+    return run_pipeline(
+        source, audio, out, mix, cfg.to_dict(), runner, plan, overwrite, stems, can_ask=bool(deployment.id)
+    )
 
 
 def dub_film_inline(

@@ -91,8 +91,10 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the shot table from records with ``index``, ``start_s``, ``end_s`` and optionally
     ``frames``, ``chunks``, ``backend``, ``status``, ``reused`` (result from an earlier run), ``speaker``,
     ``score``, ``agreement`` (each face track's audio-visual agreement with the speech), ``lips`` (the output
-    check: the dubbed lips' fit to the dub's words, REVIEW when flagged), ``reason``."""
+    check: the dubbed lips' fit to the dub's words, REVIEW when flagged), ``answered by`` (who settled its uncertain turns in the review step: a person,
+    a character's answer or the policy), ``reason``."""
     rows = []
+    reviewed = any("answered by" in shot for shot in shots)  # the review step ran (flows/review.py)
     for shot in shots:
         rows.append(
             {
@@ -108,6 +110,7 @@ def shot_table_rows(shots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "score": shot.get("score", ""),
                 "agreement": shot.get("agreement", ""),
                 "lips": shot.get("lips", ""),
+                **({"answered by": shot.get("answered by", "")} if reviewed else {}),
                 "reason": shot.get("reason") or "",
             }
         )

@@ -48,6 +48,8 @@ def shot_rows(
             status = "failed" if failed else "planned"
             row |= {"backend": backend, "status": status, "reason": failed and failed.get("reason")}
         row |= speaker_columns(shot.get("decision"))
+        if "review" in shot:  # the review step's: who settled the shot's uncertain turns (person / policy)
+            row["answered by"] = shot["review"]
         if row["status"] == "planned" and not row["reason"] and shot.get("decision"):
             row["reason"] = shot["decision"]["reason"]
         rows.append(row)

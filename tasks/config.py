@@ -168,6 +168,7 @@ class GateConfig:
     overrides: dict[str, Any]  # {shot index: dub | skip}
     speakers: dict[str, Any]  # {shot index: face track id}: dub that track over the whole shot
     crops: dict[str, Any]  # {shot index: [x0, y0, x1, y1]}: dub that box (display pixels)
+    answers: dict[str, Any]  # {shot index: [{start_frame, end_frame, speaker}]}: the review's answers
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,14 @@ class TimelineConfig:
 
 
 @dataclass(frozen=True)
+class ReviewConfig:
+    """The film run's review step (`flows.review`): one pause for the uncertain turns, a deadline."""
+
+    enabled: bool  # a deployment run asks once in the Prefect UI (local runs never wait)
+    timeout_s: float  # then the run resumes itself with the policy (never Failed, never stuck)
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     probe: ProbeConfig
     shots: ShotsConfig
@@ -297,6 +306,7 @@ class PipelineConfig:
     pipeline: ShotPipelineConfig
     estimate: EstimateConfig
     timeline: TimelineConfig
+    review: ReviewConfig
     # The sections a backend owns (top-level YAML sections beside these, e.g. the InfiniteTalk backend's
     # `infinitetalk:` and `presets:`), kept here as mappings and typed by their backend when it resolves
     # them (`tasks.backends`). `to_dict` puts them back at the top level.
@@ -321,6 +331,8 @@ class PipelineConfig:
             cfg = dataclasses.replace(cfg, sections=hook(cfg.sections, source))
         if cfg.pipeline.queue < 1:
             raise ConfigError(source, f"pipeline.queue: must be >= 1, got {cfg.pipeline.queue}")
+        if cfg.review.timeout_s <= 0:
+            raise ConfigError(source, f"review.timeout_s: must be > 0, got {cfg.review.timeout_s}")
         return cfg
 
 

@@ -86,6 +86,34 @@ def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Tu
     return out
 
 
+def answer_turns(
+    turns: Sequence[Turn],
+    answers: Sequence[tuple[int, int, int | None]],
+    shot_start: int,
+    faces: ShotFaces,
+    shot_index: int,
+) -> list[Turn]:
+    """The turns with the review's answers applied (``answers``: (start, end film frames, track | None)): a
+    turn whose middle lies in an answer's frames speaks as answered (status "answered"; None: nobody on
+    screen). An answer naming no face track of the shot raises ValueError naming the shot."""
+    ids = {t.id for t in faces.tracks}
+    for _a, _b, track in answers:
+        if track is not None and track not in ids:
+            have = ", ".join(map(str, sorted(ids))) or "none"
+            raise ValueError(
+                f"shot {shot_index}: answer {track}: no such face track (the shot's tracks: {have})"
+            )
+    out = []
+    for turn in turns:
+        mid = shot_start + (turn.start + turn.end) // 2
+        hit = [track for a, b, track in answers if a <= mid < b]
+        if hit:
+            status = "answered" if hit[-1] is not None else "none"
+            turn = Turn(turn.start, turn.end, hit[-1], turn.score, status)
+        out.append(turn)
+    return out
+
+
 def _why_not(faces: ShotFaces, turns: Sequence[Turn]) -> str:
     if not faces.tracks:
         return "no face found"
@@ -130,7 +158,7 @@ def decide_dub(
     pct = f"speech {speech.speech_ratio:.0%}"
     if regions:
         who = " -> ".join(_who(r, names or {}) for r in regions)
-        sure = all(r.status in ("speaker", "two") for r in regions)
+        sure = all(r.status in ("speaker", "two", "answered") for r in regions)
         tag = "speaker" if sure else f"speaker uncertain, {speaker.uncertain.replace('_', ' ')}"
         return ShotDecision(True, f"{pct}; {tag}: {who} (score {min(r.score for r in regions):.2f})", regions)
     if region.mode == "full" and not gate.require_face:
@@ -236,4 +264,4 @@ def apply_region_overrides(
     return ShotDecision(True, reason, (dubbed,))
 
 
-__all__ = ["UNCERTAIN", "apply_region_overrides", "decide_dub", "speaker_turns"]
+__all__ = ["UNCERTAIN", "answer_turns", "apply_region_overrides", "decide_dub", "speaker_turns"]

@@ -32,6 +32,8 @@ class ShotOverrides:
     action: str | None = None  # "dub" | "skip" (gate.overrides)
     speaker: int | None = None  # face track dubbed over the whole shot (gate.speakers)
     crop: Box | None = None  # box dubbed over the whole shot, display pixels (gate.crops)
+    # the review's answers (gate.answers): (start, end film frames, face track or None = nobody on screen)
+    answers: tuple[tuple[int, int, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,35 @@ def region_overrides(
     return speaker, (x0, y0, x1, y1)
 
 
+def turn_answers(
+    shot_index: int, answers: Mapping[Any, Any] | None
+) -> tuple[tuple[int, int, int | None], ...]:
+    """This shot's review answers (``gate.answers``): ((start_frame, end_frame, track | None), ...) in film
+    frames; a bad entry raises ValueError naming the shot."""
+    own = _own(answers, shot_index)
+    if own is None:
+        return ()
+    if not isinstance(own, list | tuple):
+        raise ValueError(f"shot {shot_index}: answers must be a list, got {own!r}")
+    out = []
+    for entry in own:
+        ok = isinstance(entry, Mapping) and all(
+            isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
+            for k in ("start_frame", "end_frame")
+        )
+        speaker = entry.get("speaker") if isinstance(entry, Mapping) else None
+        ok = ok and (
+            speaker is None or (isinstance(speaker, int) and not isinstance(speaker, bool) and speaker >= 0)
+        )
+        if not ok or entry["start_frame"] >= entry["end_frame"]:
+            raise ValueError(
+                f"shot {shot_index}: an answer must be {{start_frame, end_frame, speaker: track id or null}} "
+                f"(start < end), got {entry!r}"
+            )
+        out.append((entry["start_frame"], entry["end_frame"], speaker))
+    return tuple(out)
+
+
 def dub_action(shot_index: int, gate: GateConfig) -> str | None:
     """The shot's ``gate.overrides`` entry ("dub" | "skip" | None); the whole map is checked."""
     try:
@@ -111,9 +142,10 @@ def shot_overrides(
     ``frame_hw``: the display frame (H, W) a crop must lie in."""
     try:
         speaker, crop = region_overrides(shot_index, gate.speakers, gate.crops, frame_hw)
+        answers = turn_answers(shot_index, gate.answers)
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
-    return ShotOverrides(shot_index, dub_action(shot_index, gate), speaker, crop)
+    return ShotOverrides(shot_index, dub_action(shot_index, gate), speaker, crop, answers)
 
 
 def precedence(ov: ShotOverrides, policy: str, speech: SpeechInfo) -> Ruling:
@@ -160,4 +192,5 @@ __all__ = [
     "precedence",
     "region_overrides",
     "shot_overrides",
+    "turn_answers",
 ]

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from tasks.config import PipelineConfig
-from tasks.decision.overrides import region_overrides
+from tasks.decision.overrides import region_overrides, turn_answers
 from tasks.documents import load_yaml
 from tasks.errors import ConfigError
 from tasks.media.deliver import write_delivered
@@ -41,6 +41,7 @@ OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file'
     "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
     "steps": "sampling steps",
     "color_strength": "colour matching strength, 0 = off",
+    "answers": "uncertain turns settled: [{start_frame, end_frame, speaker: track id or null (nobody), by}]",
 }
 SHOT_KEYS = ("index", "start", "end", "start_frame", "end_frame", "auto", "override")
 _TYPES: Mapping[str, tuple[type, ...]] = {
@@ -51,6 +52,7 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
     "denoise_strength": (int, float),
     "steps": (int,),
     "color_strength": (int, float),
+    "answers": (list,),
 }
 
 
@@ -171,7 +173,12 @@ def to_config_overrides(
     The model's fields (prompt, seed, denoise_strength, steps) are backend options: they go over the run's
     `backend.options` (given as `options`), which win over the backend's own sections."""
     out: dict[str, dict[str, Any]] = {}
+    answers = [
+        {k: a.get(k) for k in ("start_frame", "end_frame", "speaker")} if isinstance(a, Mapping) else a
+        for a in fields.get("answers") or ()
+    ]  # `by` (who answered) is a note, not a setting
     gate = {
+        "answers": {str(index): answers} if answers else None,
         "overrides": None if "dub" not in fields else {str(index): "dub" if fields["dub"] else "skip"},
         "speakers": None if "speaker" not in fields else {str(index): fields["speaker"]},
         "crops": None if "crop" not in fields else {str(index): list(fields["crop"])},
@@ -239,6 +246,7 @@ def plan_overrides(
             raise ConfigError(path, f"shot {index}: {key}{ex.problem}") from ex
         try:
             region_overrides(index, cfg.gate.speakers, cfg.gate.crops, frame_hw)
+            turn_answers(index, cfg.gate.answers)
         except ValueError as ex:
             raise ConfigError(path, str(ex)) from ex
         out[index] = overrides

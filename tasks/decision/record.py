@@ -75,6 +75,9 @@ class ShotDecision:
     speech: SpeechInfo | None = None
     faces: ShotFaces | None = None
     characters: dict[str, str] = field(default_factory=dict)
+    # the speaker turns the gate decided from (uncertain ones included; not in the JSON form): the review
+    # step lists the uncertain ones (`flows.review`)
+    turns: tuple[Turn, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the Prefect task boundary, the renderer's ``decision.json``)."""

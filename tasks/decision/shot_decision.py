@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tasks.config import PipelineConfig
-from tasks.decision.gate import apply_region_overrides, decide_dub
+from tasks.decision.gate import answer_turns, apply_region_overrides, decide_dub, speaker_turns
 from tasks.decision.overrides import ShotOverrides, needs_faces, precedence, shot_overrides
 from tasks.decision.record import ShotDecision
 from tasks.decision.stems import cast_turns
@@ -155,13 +155,19 @@ def decide_shot(
     turns, why_not, names = cast_turns(faces, cfg)  # per-character stems / undubbed characters (stems.py)
     region = region_config(cfg)
     try:
+        if faces is not None and turns is None:
+            turns = speaker_turns(faces, cfg.speaker.uncertain, cfg.speaker.min_score)
+        if faces is not None and ov.answers:  # the review's answers (gate.answers, a plan's `answers:`)
+            turns = answer_turns(turns or [], ov.answers, start, faces, shot_index)
+            if all(t.track is None for t in turns):
+                why_not = why_not or "review: nobody on screen says the line"
         d = decide_dub(
             ov, speech, faces, region, cfg.gate, cfg.speaker, turns=turns, why_not=why_not, names=names
         )
         d = apply_region_overrides(d, ov, faces, region, frame_hw, end - start)
     except ValueError as ex:
         raise ConfigError("gate", str(ex)) from ex
-    return dataclasses.replace(d, speech=speech, faces=faces, characters=names)
+    return dataclasses.replace(d, speech=speech, faces=faces, characters=names, turns=tuple(turns or ()))
 
 
 def switch_frames(decision: ShotDecision) -> list[int]:

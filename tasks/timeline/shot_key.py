@@ -53,12 +53,12 @@ RENDER_VERSION = 5  # bump when a change alters any shot's pixels (the pinned ti
 # shot's own entry by `shot_settings`, as the other per-shot gate maps are. Of `cast`, what links and names
 # characters reaches a shot only through its `cast.shot` (its tracks' characters and stems' speech, filled by
 # the planning), which stays.
-PER_SHOT_GATE = ("overrides", "speakers", "crops")  # {shot index: value} maps of the gate section
+PER_SHOT_GATE = ("overrides", "speakers", "crops", "answers")  # {shot index: value} maps of the gate section
 NON_PIXEL_CONFIG = (
     "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline",
     "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "infinitetalk.warm_up",
     "pipeline", "cast.characters", "cast.names", "cast.identify", "cast.link_distance", "cast.link_votes",
-    "cast.samples",
+    "cast.samples", "review",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
 GATE_ONLY_SPEAKER = (
