@@ -305,7 +305,10 @@ def run_pipeline(
                 fresh = fresh_plan(source, audio, fps, prepared.video["frame_count"], prepared.records, seed)
                 try:
                     write_plan(plan_path, fresh)
-                except (OSError, DubflowError) as exc:  # a listing without a file to edit, never a failed film
+                except (
+                    OSError,
+                    DubflowError,
+                ) as exc:  # a listing without a file to edit, never a failed film
                     run_logger(log).warning("%s: plan file not written (%s)", plan_path, exc)
             log_uncertain(turns, Fraction(prepared.video["fps"]), plan_path)
     t_rendered = time.monotonic()
