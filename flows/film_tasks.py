@@ -23,9 +23,9 @@ from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import film_cast, plan_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.review import uncertain_of
-from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
+from tasks.decision.shot_decision import decide_shot, faces_made_from, faces_path, regions_json
 from tasks.errors import ConfigError, OutputError
-from tasks.files import atomic_write_json, bound_body, read_json, write_bound_json
+from tasks.files import atomic_write_json, bound_body, read_bound_json, write_bound_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
 from tasks.media.deliver import Destination, deliver, staging, written_record
@@ -360,9 +360,9 @@ def review_identities(
             r = by_index[index]
             cfg_i = PipelineConfig.from_dict(shot_config(config, r.get("overrides")))
             cache = faces_path(work_dir, index, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
-            if not cache.is_file():
-                return None, None
-            return ShotFaces.from_dict(read_json(cache)), cache
+            made_from = faces_made_from(info, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
+            saved = read_bound_json(cache, made_from, "face analysis") if cache.is_file() else None
+            return (None, None) if saved is None else (ShotFaces.from_dict(saved), cache)
 
         spans = [(i, by_index[i]["plan"]["start_frame"], by_index[i]["plan"]["end_frame"]) for i in shots]
         cast = plan_cast(info, spans, faces_of, PipelineConfig.from_dict(config))

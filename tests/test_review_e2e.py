@@ -105,6 +105,7 @@ def _workspace_file(stack: Stack, pattern: str) -> Path:
 def _track_sides(stack: Stack, film: dict) -> dict[int, int]:
     """{face track id: index of the case's face (0 left, 1 right)} from the planning's face analysis."""
     faces = read_json(_workspace_file(stack, "two-faces-*/faces/0000-*.json"))
+    faces = faces.get("body", faces)  # a bound cache (tasks.files.write_bound_json)
     return {t["id"]: film["case"].who(t["boxes"][len(t["boxes"]) // 2]) for t in faces["tracks"]}
 
 
