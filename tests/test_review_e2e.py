@@ -232,10 +232,12 @@ def test_answer_in_the_prefect_ui_with_headless_chromium(stack: Stack, film: dic
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             _answer_in_the_form(page, f"{ui}/runs/flow-run/{run_id}", want, shot)
-        except Exception:
-            page.screenshot(path=str(tmp_path / "ui-failure.png"))
-            (tmp_path / "ui-failure.html").write_text(page.content())
-            print(f"UI state at the failure: {tmp_path}/ui-failure.png, .html")
+        except Exception:  # kept outside pytest's temporary folders (other sessions rotate those away)
+            keep = Path(os.environ.get("DUBFLOW_REVIEW_DEBUG", "/tmp/dubflow-review-ui-failure"))
+            keep.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(keep / "ui-failure.png"))
+            (keep / "ui-failure.html").write_text(page.content())
+            print(f"UI state at the failure: {keep}/ui-failure.png, .html")
             raise
         finally:
             browser.close()
