@@ -434,7 +434,9 @@ def _run_notes(cfg: PipelineConfig) -> list[str]:
     notes = []
     if cfg.backend.name == "passthrough":
         notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
-    elif cfg.backend.name == "infinitetalk" and cfg.infinitetalk.weights is None:
+    elif (
+        cfg.backend.name == "infinitetalk" and (cfg.sections.get("infinitetalk") or {}).get("weights") is None
+    ):
         notes.append(f"{TINY_LABEL}: {TINY_BANNER}")
     if cfg.workspace.preview:
         notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")

@@ -102,6 +102,6 @@ def write_run_report(
         where = Destination.from_dict(dest)
         with staging(where, Path(out).name) as folder:
             staged = [atomic_write_bytes(folder / Path(out).with_suffix(s).name, b) for s, b in blobs.items()]
-            paths = [str(deliver(where, f, f.name, key)) for f in staged]
+            paths = [str(deliver(where, f, f.name, key, Path(out).name)) for f in staged]
     run_logger(log).debug("report %s", paths[1])
     return paths
