@@ -2,14 +2,17 @@
 
     dubflow dub SOURCE --audio DUB [--mix MIX] --out OUT [--overwrite] [--config FILE] [--backend NAME]
                 [--set k=v ...] [--plan PLAN.yaml] [--preview] [--stem NAME=FILE ...] [--cast CAST.yaml]
+                [--language CODE] [--no-prefect]
     dubflow shots SOURCE [--config FILE] [--set k=v ...]       # JSON shot list (end_frame/end_s exclusive)
     dubflow plan SOURCE --audio DUB [--config FILE] [--set ...] # JSON chunk plan per shot
     dubflow plan SOURCE --audio DUB --out PLAN.yaml            # the editable shot plan (tasks/decision/plan_file.py)
     dubflow estimate SOURCE --audio DUB [--config FILE] [--set ...] [--json]  # shots to dub, GPU time
     dubflow weights verify DIR | dubflow weights download [--to DIR] [--mode M] [--quant Q] [--multi]
 
-`dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else
-Prefect's ephemeral server) or, with `--no-prefect`, the same tasks as plain calls. `shots` and
+`dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else a
+temporary server of its own in its own session: `flows/local_server.py`) or, with `--no-prefect`, the same
+tasks as plain calls. One Ctrl-C or SIGTERM stops it in seconds, keeping what finished, with one line saying
+how to resume (`tasks/interrupts.py`); docs/running.md describes the console, the report and the QC sheets. `shots` and
 `plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`
 (`<key>: <problem>` for a config value), and exit with status 1 (no traceback; `--debug` shows it).
 `dub` checks before Prefect starts what would otherwise fail late: config values, the output path
@@ -22,14 +25,17 @@ size, the dub's and the mix's lengths against the picture, stems, cast and plan 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from tasks.interrupts import stop_on_signals
 from tasks.run.run_log import FORMAT, console_handler
 
 log = logging.getLogger("dubflow")
@@ -81,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     dub.add_argument(
         "--no-prefect", action="store_true", help="run the steps without Prefect (no server, no UI)"
     )
+    dub.add_argument(
+        "--language", metavar="CODE",
+        help="language of the dubbed audio track, ISO 639-2 (deu, fra, spa, ...); same as --set encode.audio_language=",
+    )  # fmt: skip
     dub.add_argument("--plan", metavar="PLAN", help="an edited shot plan (dubflow plan --out) to apply")
     dub.add_argument(
         "--preview", action="store_true", help="fast preview pass (configs/preview.yaml), own workspace"
@@ -255,28 +265,62 @@ def _check_dub_inputs(args: argparse.Namespace, cfg: Any) -> dict[str, str]:
     return stems
 
 
+def _language(code: str) -> str:
+    """`--language`: an ISO 639-2 code (three lower-case letters, e.g. deu), else a one-line ConfigError."""
+    from tasks.errors import ConfigError
+
+    if not re.fullmatch(r"[a-z]{3}", code):
+        raise ConfigError(
+            "--language", f"{code!r} is not an ISO 639-2 code (three letters: deu, fra, spa, jpn, ...)"
+        )
+    return code
+
+
 def cmd_dub(args: argparse.Namespace) -> int:
     extra = [f"backend.name={args.backend}"] if args.backend else []
+    if args.language:
+        extra.append(f"encode.audio_language={_language(args.language)}")
     cfg = _config(args, extra)
     from tasks.media.assemble import check_output_path
     from tasks.media.profiles import check_container
     from tasks.render.preflight import check_config, check_run_config
     from tasks.run.outputs import local_output, local_output_allowed
 
-    # cheap checks before any Prefect start-up: the config can work, the output is usable, the inputs fit
+    # cheap checks before any Prefect start-up: the config can work, the output is usable
     check_config(cfg)
     check_output_path(args.out, args.source, args.audio, args.mix)
     check_container(cfg.encode, args.out)
     local_output(args.out)  # anywhere the user says; never a file dubflow did not write
-    stems = _check_dub_inputs(args, cfg)
-    check_run_config(cfg)  # the backend's own options (imports it: after the header-only checks)
-    from flows.film_tasks import workspace_root
-    from tasks.run.run_log import log_path, run_log
+    from tasks.run.run_log import log_path
+    from tasks.run.workspace_roots import workspace_root
 
-    with (
-        run_log(log_path(workspace_root(cfg), args.source)),
-        local_output_allowed(args.out, args.source) as out,
-    ):
+    log_file = log_path(workspace_root(cfg), args.source)
+    if not args.debug:  # model loaders' progress bars (transformers, huggingface_hub) stay off the console
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with contextlib.ExitStack() as stack:
+        server = None
+        if not args.no_prefect and not os.environ.get("PREFECT_API_URL"):
+            # no server configured: a temporary one of our own (flows/local_server.py) in its own session,
+            # started while the inputs are checked; its URL set before Prefect is imported (read once)
+            from flows.local_server import TemporaryServer
+
+            server = TemporaryServer()
+            server.keep_log_as = log_file.with_suffix(".server.log")
+            server.start()
+            stack.callback(server.stop)
+            os.environ["PREFECT_API_URL"] = server.api_url
+            stack.callback(os.environ.pop, "PREFECT_API_URL", None)
+        stems = _check_dub_inputs(args, cfg)
+        check_run_config(cfg)  # the backend's own options (imports it: after the header-only checks)
+        import flows.film_tasks  # noqa: F401 - Prefect's import (and its logging setup, undone here)
+        from tasks.run.run_log import quiet_console, run_log
+
+        quiet_console(logging.DEBUG if args.debug else logging.INFO)
+        stack.enter_context(run_log(log_file))
+        stack.enter_context(stop_on_signals(cfg.checks.interrupt_grace_s, _stopping))
+        out = stack.enter_context(local_output_allowed(args.out, args.source))
+        if server is not None:
+            log.debug("temporary Prefect server ready in %.1f s", server.wait_ready(180))
         if args.no_prefect:
             from flows.dub_film import dub_film_inline
 
@@ -285,9 +329,6 @@ def cmd_dub(args: argparse.Namespace) -> int:
                 stems=stems,
             )  # fmt: skip
         else:
-            if not os.environ.get("PREFECT_API_URL"):
-                # no server configured: Prefect starts an ephemeral one; its 20 s default is too short on busy boxes
-                os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
             from flows.dub_film import dub_film
 
             final = dub_film(
@@ -296,6 +337,22 @@ def cmd_dub(args: argparse.Namespace) -> int:
             )  # fmt: skip
     print(final)
     return 0
+
+
+def _stopping(signal_name: str) -> None:
+    """The line a first Ctrl-C / SIGTERM prints (from the signal handler: one raw write)."""
+    os.write(2, f"dubflow: {signal_name}: stopping after the chunk in flight (again to stop now)\n".encode())
+
+
+def _resume_line(ex: KeyboardInterrupt, argv: list[str]) -> str:
+    """The one line an interrupted command ends with: what stopped it and the command that resumes."""
+    import shlex
+
+    name = getattr(ex, "signal_name", "SIGINT")
+    return (
+        f"dubflow: stopped by {name}; finished shots and chunks are kept; to resume, run again: "
+        f"{shlex.join(['dubflow', *argv])}"
+    )
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
@@ -319,6 +376,14 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """Exit at once with `code` after flushing the console and the log files (threads are not joined)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def _log_note(ex: BaseException) -> str:
     """`` (traceback in PATH)`` when the failure happened in a run that has a log file."""
     path = getattr(ex, "run_log", None)
@@ -326,7 +391,9 @@ def _log_note(ex: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command = argv is None  # the `dubflow` command itself (not a call from Python)
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.debug else logging.INFO
     if args.debug:
@@ -347,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dubflow: error: {ex}", file=sys.stderr)  # a user's error: the line says it all
         return 1
-    except KeyboardInterrupt:
-        print("dubflow: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as ex:  # a Ctrl-C or SIGTERM (tasks.interrupts): what finished is kept
+        if args.debug:
+            raise
+        print(_resume_line(ex, argv) if args.command == "dub" else "dubflow: interrupted", file=sys.stderr)
+        if command:  # everything that must be undone was (locks, children, the server): no waiting for
+            _exit_now(130)  # a helper thread still busy with the next shot's preparation
         return 130
     except Exception as ex:  # an unexpected failure: still one line unless --debug
         if args.debug:

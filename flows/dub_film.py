@@ -62,7 +62,6 @@ from flows.film_tasks import (
     film_workspace_key,
     review_identities,
     timeline_paths,
-    workspace_root,
 )
 from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
 from flows.groups import GpuCost, ShotCost, plan_groups
@@ -70,8 +69,9 @@ from flows.prepare import prepare_film
 from flows.progress import artifact_key, publish_shot_table, publish_summary
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
 from flows.review import ask_once, log_uncertain, qc_preview, review_notes
+from flows.run_report import write_run_report
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
-from flows.runtime import run_logger, where_am_i
+from flows.runtime import describe_place, run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
 from tasks.backends import backend_option
 from tasks.config import PipelineConfig, load_config
@@ -87,6 +87,7 @@ from tasks.decision.review import (
 )
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
+from tasks.infinitetalk.tiny import TINY_BANNER, TINY_LABEL
 from tasks.media.assemble import check_output_path
 from tasks.media.deliver import check_names
 from tasks.media.profiles import check_container
@@ -103,7 +104,8 @@ from tasks.run.workspace import (
     shot_done,
     stable_hash,
 )
-from tasks.run.workspace_roots import confine_workspace_root
+from tasks.run.workspace_roots import confine_workspace_root, workspace_root
+from tasks.timeline.export import EXTRA_FORMATS
 from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -129,7 +131,7 @@ def dub_group(ws: dict[str, str], film: dict[str, Any], shots: list[dict[str, An
     confine_workspace_root(workspace.root, film["source"])  # `ws` is a run parameter too
     backends = BackendSlot.for_config(film["config"])
     where = where_am_i()
-    get_run_logger().info("%d shot(s) on %s", len(shots), where)
+    get_run_logger().info("%d shot(s) on %s", len(shots), describe_place(where))
 
     qcs = []  # the done shots' QC task runs, each beside the next shot's render
 
@@ -326,7 +328,15 @@ def run_pipeline(
         **rendered.per_stage,
     }
     _summary(runner, film, prepared.records, rendered, final, timings, cfg)
-    run_logger(log).info("%s -> %s in %.1f s", source, final["output"], t_end - t0)
+    logger = run_logger(log)
+    rows = rendered.rows
+    dubbed = sum(r["status"] == "done" for r in rows)
+    logger.info(
+        "%d shot(s): %d dubbed, %d not dubbed; %d reused from earlier runs", len(rows), dubbed,
+        len(rows) - dubbed, len(rendered.reused),
+    )  # fmt: skip
+    logger.info("report (every shot, who, why, QC links): %s", final["report"])
+    logger.info("%s -> %s in %.1f s", source, final["output"], t_end - t0)
     return final["output"]
 
 
@@ -451,7 +461,13 @@ def render_groups(
     )  # fmt: skip
     table_key = artifact_key(film["tag"], "shots")
     reused = reused_shots(shot_rows(ws, records, cfg.backend.name))
-    logger.info("%d of %d shot(s) reused (same shot keys as an earlier run)", len(reused), len(records))
+    started = _part_done(ws, records, reused)
+    if reused or started:  # the line a resumed run starts with
+        part = ", ".join(f"shot {i:04d} at chunk {n + 1}" for i, n in started.items())
+        logger.info(
+            "resuming %s: %d of %d shot(s) reused (done by an earlier run, same shot keys)%s", name,
+            len(reused), len(records), f"; resuming part-way: {part}" if part else "",
+        )  # fmt: skip
     runner.publish(
         publish_shot_table, table_key, shot_rows(ws, records, cfg.backend.name, reused), "shot plan"
     )
@@ -468,6 +484,19 @@ def render_groups(
             f"{len(failed)} shot(s) failed {[r['index'] for r in failed]}; first: {first}; re-run to resume",
         )
     return Rendered(rows, groups, shares, reused, shot_timings(rows, ws, records))
+
+
+def _part_done(ws: Workspace, records: list[dict[str, Any]], reused: set[int]) -> dict[int, int]:
+    """{shot index: chunks checkpointed} of the shots an earlier run left part-way (markers counted, not
+    verified: the render verifies them before resuming)."""
+    out = {}
+    for r in records:
+        if r["index"] not in reused:
+            folder = ws.shot_dir(r["index"], r["key"]) / "shot.chunks"
+            n = len(list(folder.glob("chunk_*.done"))) if folder.is_dir() else 0
+            if n:
+                out[r["index"]] = n
+    return out
 
 
 def deliver(
@@ -488,9 +517,32 @@ def deliver(
     )  # fmt: skip
     args = (final, film["source"], film["video"], records, rows, audio_path, cfgd)
     timeline = runner.call(export_timeline, *args, name=name, dest=dest, key=ws.key, noted=inputs)
+    sidecars = dict(
+        zip(("dub audio (48 kHz WAV)", "timeline (OTIO)"), timeline_paths(final, cfgd), strict=False)
+    )
+    sidecars |= {f"timeline ({EXTRA_FORMATS[n][0]})": str(Path(final).with_suffix(EXTRA_FORMATS[n][1]))
+                 for n in EXTRA_FORMATS if getattr(cfg.timeline, n)}  # fmt: skip
+    report = runner.call(
+        write_run_report, final, film["source"], film["video"], records, rows, ws.as_dict(),
+        {"film": final, **sidecars}, cfg.workspace.keep, _run_notes(cfg), name=name, dest=dest, key=ws.key,
+    )  # fmt: skip
     if not cfg.workspace.keep:
         shutil.rmtree(ws.path, ignore_errors=True)
-    return {"output": final, "timeline": timeline}
+    return {"output": final, "timeline": timeline, "report": report[1]}
+
+
+def _run_notes(cfg: PipelineConfig) -> list[str]:
+    """What a reader of the report must not miss about this run's settings."""
+    notes = []
+    if cfg.backend.name == "passthrough":
+        notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
+    elif (
+        cfg.backend.name == "infinitetalk" and (cfg.sections.get("infinitetalk") or {}).get("weights") is None
+    ):
+        notes.append(f"{TINY_LABEL}: {TINY_BANNER}")
+    if cfg.workspace.preview:
+        notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
+    return notes
 
 
 def _summary(
@@ -503,6 +555,7 @@ def _summary(
         f"{len(records)} shots in {len(rendered.groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
         f"{len(rendered.reused)} shot(s) reused from earlier runs, {len(records) - len(rendered.reused)} rendered",
         f"edit-suite timeline: {final['timeline']}",
+        f"report: {final['report']}",
         f"model-load share per group (plan): {100 * min(shares):.1f}-{100 * max(shares):.1f} %",
     ]
     if cfg.backend.name == "passthrough":

@@ -73,6 +73,12 @@ class FilmEstimate:
     shots: tuple[ShotEstimate, ...]
     missing: tuple[str, ...]  # figures that are not measured (null in the config)
     characters: tuple[dict[str, Any], ...] = ()  # the film's characters (tasks.decision.cast), when linked
+    reference_gpu: str = ""  # the GPU the figures were measured on (`estimate.reference_gpu`)
+
+    @property
+    def priced(self) -> bool:
+        """False in tiny mode: tiny random weights have no GPU figures (a pipeline check, not a dub)."""
+        return self.mode != "tiny"
 
     @property
     def dubbed(self) -> list[ShotEstimate]:
@@ -90,8 +96,12 @@ class FilmEstimate:
         d["dubbed_shots"] = len(self.dubbed)
         d["passthrough_shots"] = len(self.shots) - len(self.dubbed)
         d["dubbed_chunks"] = sum(s.chunks for s in self.dubbed)
-        d["total_s"] = round(self.total_s, 1)
-        d["lower_bound"] = bool(self.missing)
+        d["total_s"] = round(self.total_s, 1) if self.priced else None
+        d["lower_bound"] = bool(self.missing) and self.priced
+        if not self.priced:
+            d["note"] = TINY_NOTE
+            for shot in d["shots"]:
+                shot["gpu_s"] = None
         return d
 
     def format(self) -> str:
@@ -106,23 +116,35 @@ class FilmEstimate:
         ]
         for s in self.shots:
             span = f"{s.start_frame}-{s.end_frame}"
+            gpu = (_hms(s.gpu_s) if self.priced else "n/a") if s.dub else "-"
             lines.append(
-                f"{s.index:04d}  {span:>10}  {s.chunks:>6}  {'yes' if s.dub else 'no':>3}  "
-                f"{_hms(s.gpu_s) if s.dub else '-':>8}  {s.reason}"
+                f"{s.index:04d}  {span:>10}  {s.chunks:>6}  {'yes' if s.dub else 'no':>3}  {gpu:>8}  {s.reason}"
             )
         lines += [
             "",
             f"dubbed: {len(dubbed)} shots ({sum(s.end_frame - s.start_frame for s in dubbed)} frames, {chunks} chunks); "
             f"passthrough: {len(self.shots) - len(dubbed)} shots",
-            f"expected GPU time: {'at least ' if self.missing else ''}{_hms(self.total_s)} "
-            f"(model load {seconds_text(self.load_s)}, DiT forward {seconds_text(self.dit_forward_s)}, VAE per chunk "
-            f"{seconds_text(self.vae_chunk_s)})",
         ]
-        if self.missing:
-            lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
+        if not self.priced:
+            lines.append(f"expected GPU time: not estimated: {TINY_NOTE}")
+        else:
+            lines.append(
+                f"expected GPU time on {self.reference_gpu or 'the reference GPU'}: "
+                f"{'at least ' if self.missing else ''}{_hms(self.total_s)} "
+                f"(model load {seconds_text(self.load_s)}, DiT forward {seconds_text(self.dit_forward_s)}, "
+                f"VAE per chunk {seconds_text(self.vae_chunk_s)}; other GPUs scale with their speed)"
+            )
+            if self.missing:
+                lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
         for c in self.characters:
             lines.append(f"character {c['id']}{' = ' + c['name'] if c['name'] else ''}: shots {c['shots']}")
         return "\n".join(lines)
+
+
+TINY_NOTE = (
+    "tiny mode (infinitetalk.mode tiny) runs tiny random weights, a pipeline check, not a dub, and has no GPU "
+    "figures; set infinitetalk.mode to infinitetalk-480 or infinitetalk-720 for what the real model costs"
+)
 
 
 def _hms(seconds: float) -> str:
@@ -174,7 +196,7 @@ def estimate_film(
         display_height=height, mode=price.mode, precision=price.precision, steps=price.steps,
         branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
         load_s=price.load_s, shots=tuple(out), missing=price.missing,
-        characters=film.cast.characters if film.cast is not None else (),
+        characters=film.cast.characters if film.cast is not None else (), reference_gpu=cfg.estimate.reference_gpu,
     )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from flows.film_tasks import (
     probe_source,
     timeline_paths,
 )
+from flows.run_report import report_paths
 from tasks.config import PipelineConfig
 from tasks.media.profiles import check_size, delivery
 from tasks.render.preflight import check_frame_size
@@ -87,7 +88,8 @@ class FlowSteps:
         ws = Workspace.from_dict(self.runner.call(open_film_workspace, *args, name=self.name))
         self.ws, self.video = _lock_workspace(self.held, self.runner, ws, self.source, self.cfg), video
         self.dest = claim_output(
-            self.held, self.out, self.ws.key, self.overwrite, timeline_paths(self.out, self.cfgd),
+            self.held, self.out, self.ws.key, self.overwrite,
+            [*timeline_paths(self.out, self.cfgd), *report_paths(self.out)],
             str(flow_run.name or ""),
         )  # fmt: skip
 

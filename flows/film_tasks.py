@@ -19,7 +19,7 @@ from prefect import task
 
 from flows.progress import artifact_key
 from flows.runtime import run_logger
-from tasks.config import PipelineConfig, load_config
+from tasks.config import PipelineConfig
 from tasks.decision.cast import film_cast, plan_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.review import uncertain_of
@@ -61,14 +61,6 @@ def default_output(source: str) -> str:
     suffix = suffix if suffix in (".mp4", ".mov", ".mkv") else ".mp4"
     root = Path(os.environ.get("DUBFLOW_OUT_DIR", "out"))
     return str((root / f"{Path(source).stem}.dubbed{suffix}").resolve())
-
-
-def workspace_root(cfg: PipelineConfig) -> str:
-    """`workspace.root`, except that `DUBFLOW_WORKSPACE` replaces the default root (shared across hosts)."""
-    env = os.environ.get("DUBFLOW_WORKSPACE", "").strip()
-    if env and cfg.workspace.root == load_config().workspace.root:
-        return env
-    return cfg.workspace.root
 
 
 def film_tag(source: str) -> str:

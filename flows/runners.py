@@ -25,6 +25,7 @@ from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.runtime import where_am_i
 from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot, shot_qc
+from tasks.interrupts import check_stop
 from tasks.run.workspace import Workspace, log_group_load, mark_shot_failed, shot_done
 
 log = logging.getLogger(__name__)
@@ -48,18 +49,28 @@ def render_group(
     returned, and a preparation that raised is that shot's failure (its render does not start).
     """
     failed = {}
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shot-prepare") as pool:
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shot-prepare")
+    stopping = False
+    try:
         ahead: Future | None = pool.submit(prepare, shots[0]) if prepare and shots else None
         for i, shot in enumerate(shots):
+            check_stop()  # a signal asked the run to stop: no new shot starts
             mine, ahead = ahead, None
             error = mine.exception() if mine is not None else None  # waits for this shot's preparation
             if prepare and i + 1 < len(shots):
                 ahead = pool.submit(prepare, shots[i + 1])  # the next shot's, while this one renders
             if error is None:
                 error = run_shot(shot)
+            if isinstance(error, KeyboardInterrupt):  # a stop (Prefect hands it back as the shot's state)
+                raise error
             if error is not None:
                 failed[shot["index"]] = failure_reason(error)
                 mark_shot_failed(ws, shot["index"], shot["key"], failed[shot["index"]], where_am_i())
+    except KeyboardInterrupt:
+        stopping = True
+        raise
+    finally:  # on a stop, the next shot's preparation is not waited for (it writes nothing the run needs)
+        pool.shutdown(wait=not stopping, cancel_futures=True)
     return failed
 
 

@@ -29,3 +29,10 @@ def where_am_i() -> dict[str, str]:
         "worker": os.environ.get("PREFECT__WORKER_NAME", "") or "in-process",
         "device": os.environ.get("CUDA_VISIBLE_DEVICES", "") or "cpu",
     }
+
+
+def describe_place(where: dict[str, str]) -> str:
+    """`where_am_i()` for a log line: the device alone in this process, else worker@host:device."""
+    if where["worker"] == "in-process":
+        return where["device"]
+    return f"{where['worker']}@{where['host']}:{where['device']}"

@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from flows.progress import ShotProgress, artifact_key, shot_run_name
-from flows.runtime import run_logger, where_am_i
+from flows.runtime import describe_place, run_logger, where_am_i
 from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
 from tasks.files import discard
@@ -177,6 +177,7 @@ def _render_unlocked(
     job = shot_job(ws, film, shot)
     cfg = PipelineConfig.from_dict(job.config)
     hooks = [h for h in (on_progress, _fault(ws.shot_dir(index, key), index, cfg.debug)) if h is not None]
+    hooks.append(_progress_line(index))
 
     def report(fraction: float) -> None:
         for hook in hooks:
@@ -194,6 +195,10 @@ def _render_unlocked(
         raise
     seconds = time.monotonic() - t0
     result = shot_result(raw, shot, cfg.backend.name, seconds)
+    run_logger(log).info(
+        "shot %04d done in %.1f s: %s", index, seconds,
+        "dubbed" if result["dubbed"] else f"not dubbed ({result.get('reason') or 'copied through'})",
+    )  # fmt: skip
     mark_shot_done(ws, index, key, {"output": result["path"], "result": result, **where})
     log_attempt(
         ws,
@@ -221,6 +226,17 @@ def _same_source(film: dict[str, Any], shot_dir: Path) -> None:
         discard(shot_dir / CHUNKS)
         discard(shot_dir / INTERMEDIATE)
         raise
+
+
+def _progress_line(index: int) -> Callable[[float], None]:
+    """A console line per finished chunk of shot `index` (`shot 0003: 40 % rendered`), the last one left
+    to the shot's done line."""
+
+    def line(fraction: float) -> None:
+        if fraction < 1.0:
+            run_logger(log).info("shot %04d: %d %% rendered", index, round(100 * fraction))
+
+    return line
 
 
 def _shot_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
@@ -310,10 +326,14 @@ def dub_shot(
     workspace = Workspace.from_dict(ws)
     plan = shot["plan"]
     logger = run_logger(log)
+    if read_shot_done(workspace, shot["index"], shot["key"]) is not None:  # reused: the resume line said so
+        return render_one_shot(workspace, film, shot, backends or BackendSlot.for_config(film["config"]))
+    where = where_am_i()
     logger.info(
-        "shot %04d: %d frames, %d chunk(s), backend %s on %s",
-        shot["index"], plan["end_frame"] - plan["start_frame"], shot["chunks"],
-        film["config"]["backend"]["name"], where_am_i(),
+        "shot %04d (%s): %d frames, %d chunk(s), backend %s on %s",
+        shot["index"], shot_run_name(shot["index"], shot["start_s"], shot["end_s"]).split(" ", 1)[1],
+        plan["end_frame"] - plan["start_frame"], shot["chunks"], film["config"]["backend"]["name"],
+        describe_place(where),
     )  # fmt: skip
     progress = None
     if logger is not log:  # a Prefect task run: a progress artifact updated after every chunk

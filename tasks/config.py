@@ -104,6 +104,7 @@ class ChecksConfig:
     lock_wait_s: float  # a second run of the same workspace waits this long for the first one
     unscheduled_timeout_s: float  # a child group run no worker starts within this fails the film
     api_outage_s: float  # the Prefect API may be unreachable this long before waiting on a group fails
+    interrupt_grace_s: float  # after one Ctrl-C / SIGTERM: time the chunk in flight may take to finish
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,7 @@ class ShotPipelineConfig:
 class EstimateConfig:
     """Benchmark figures behind `dubflow estimate` (seconds; None = not measured)."""
 
+    reference_gpu: str  # the GPU the figures were measured on (what `dubflow estimate`'s times mean)
     dit_forward_s: dict[str, Any]  # {mode: {precision: s per DiT forward of a full chunk}}
     vae_chunk_s: dict[str, Any]  # {mode: s of VAE work per full chunk}
     load_s: dict[str, Any]  # {mode: s to load the models}

@@ -52,3 +52,14 @@ class AudioLengthError(MediaError):
 
 class OutputError(MediaError):
     """The output path is unusable (e.g. it would overwrite the source)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal (`tasks.interrupts`): what finished is kept, the same command resumes.
+
+    A KeyboardInterrupt, so every layer that cleans up after Ctrl-C (Prefect's engine, the chunk loop's
+    pending writes, locks, ffmpeg children) does so for SIGTERM too."""
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name

@@ -142,6 +142,13 @@ def test_dry_run_keeps_count_rate_rotation_aspect(tmp_path: Path, name: str, cap
     assert psnr(decode_all(out), decode_all(src)) > 34
     # film work dir removed after success; the run's log stays
     assert sha256(src) == before and [p.name for p in (tmp_path / "ws").iterdir()] == [".logs"]
+    report = json.loads(out.with_suffix(".report.json").read_text())  # the report next to the film
+    assert report["frames"] == info.frame_count and report["outputs"]["film"] == str(out)
+    assert [s["frames"][0] for s in report["shots"]][0] == 0 and report["shots"][-1]["frames"][
+        1
+    ] == info.frame_count
+    assert report["workspace"] is None and Path(report["log"]).parent == tmp_path / "ws" / ".logs"
+    assert out.with_suffix(".report.html").read_text().startswith("<!DOCTYPE html>")
 
 
 # ----------------------------------------------------------------------------------------- bad inputs
@@ -266,9 +273,13 @@ def test_final_mix_is_muxed_with_the_language_tag(good, tmp_path: Path, capsys):
     info = probe(good["src"])
     mix = make_audio(tmp_path / "mix.m4a", info.video_duration_s, rate=48000, channels=2, codec="aac")
     out = tmp_path / "mixed.mkv"
-    rc = main(["dub", str(good["src"]), "--audio", str(good["dub"]), "--mix", str(mix), "--out", str(out), "--no-prefect",
-               "--set", "encode.audio_language=spa", "--set", f"workspace.root={tmp_path / 'ws'}"])  # fmt: skip
-    assert rc == 0
+    args = ["dub", str(good["src"]), "--audio", str(good["dub"]), "--mix", str(mix), "--out", str(out), "--no-prefect",
+            "--set", f"workspace.root={tmp_path / 'ws'}"]  # fmt: skip
+    assert main([*args, "--language", "Spanish"]) == 1 and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        "dubflow: error: --language: 'Spanish' is not an ISO 639-2 code (three letters: deu, fra, spa, jpn, ...)"
+    )
+    assert main([*args, "--language", "spa"]) == 0
     o = probe(out)
     assert [(a.channels, a.language) for a in o.audio] == [(2, "spa")] and o.frame_count == info.frame_count
 

@@ -75,6 +75,25 @@ def test_sample_film_shots_gate_and_gpu_time(estimate):
     assert estimate.total_s == pytest.approx(expected)
     text = estimate.format()
     assert "dubbed: 3 shots" in text and "passthrough: 2 shots" in text and "at least" not in text
+    gpu = load_config().estimate.reference_gpu  # the times say which GPU they mean
+    assert (
+        "H200" in gpu
+        and f"expected GPU time on {gpu}: " in text
+        and estimate.to_dict()["reference_gpu"] == gpu
+    )
+
+
+def test_tiny_mode_is_not_priced_in_any_form():
+    """The default config (tiny random weights, no figures) gives no GPU time at all, not 0:00:00."""
+    est = estimate_film(FILM, DUB, load_config())
+    assert est.mode == "tiny" and est.dubbed and not est.priced
+    text, d = est.format(), est.to_dict()
+    assert "0:00:00" not in text and "expected GPU time: not estimated: tiny mode" in text
+    assert all(
+        line.split()[4] == "n/a" for line in text.splitlines() if line[:4].isdigit() and " yes " in line
+    )
+    assert d["total_s"] is None and not d["lower_bound"] and d["note"].startswith("tiny mode")
+    assert all(s["gpu_s"] is None for s in d["shots"])
 
 
 def test_chunk_cost_scales_with_latent_frames():

@@ -198,3 +198,41 @@ def load_plan_config():
     from tasks.config import load_config
 
     return load_config().plan
+
+
+def test_outlined_text_ends_where_its_letters_end():
+    """The outline of a long legend no longer runs past the text (a thick stroke advances wider)."""
+    from tasks.render.qc import outlined_text
+
+    text = "speech (grey), mouth activity per track (lines), agreement with the speech (dots), dubbed turns (bars)"
+    strip = np.full((24, 900, 3), 24, np.uint8)
+    outlined_text(strip, text, (4, 14), (170, 170, 170), 0.38)
+    width = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.38, 1)[0][0]
+    drawn = np.where((strip != 24).any(axis=(0, 2)))[0]
+    assert drawn.max() <= 4 + width + 2, (drawn.max(), width)
+
+
+def test_a_sheet_has_a_wrapped_header_timecodes_on_frames_and_a_time_axis(tmp_path):
+    from tasks.render.qc import HEADER_SCALE, header_band, time_axis, wrap_text
+
+    header = ("film.mp4 - shot 0003 - 01:00:05:22 to 01:00:08:18 (68 frames at 23.976 fps)",
+              "decision: dubbed: speech 95%; speaker: track 0 (score 0.97) " * 3)  # fmt: skip
+    for line in header:
+        for part in wrap_text(line, 300, HEADER_SCALE):  # every wrapped line fits: nothing runs off
+            assert cv2.getTextSize(part, cv2.FONT_HERSHEY_SIMPLEX, HEADER_SCALE, 1)[0][0] <= 300
+    assert header_band(header, 312).shape[0] > header_band(header, 2000).shape[0]  # narrower: more lines
+    frames = np.stack([np.full((48, 64, 3), 10 * i, np.uint8) for i in range(9)])
+    tc = lambda t: f"01:00:05:{22 + t:02d} #{t}"  # noqa: E731
+    plain = write_qc(
+        frames, frames, tmp_path / "a", "s", QcConfig(height=48, thumb_height=48, sheet_frames=3)
+    )
+    full = write_qc(
+        frames, frames, tmp_path / "b", "s",
+        QcConfig(height=48, thumb_height=48, sheet_frames=3, header=header, frame_label=tc),
+    )  # fmt: skip
+    a, b = cv2.imread(str(plain.contact_sheet)), cv2.imread(str(full.contact_sheet))
+    band, axis = header_band(header, a.shape[1]), time_axis(a.shape[1], 9, tc)
+    assert b.shape == (band.shape[0] + a.shape[0] + axis.shape[0], a.shape[1], 3)
+    grid = b[band.shape[0] : band.shape[0] + a.shape[0]]
+    assert not np.array_equal(grid, a)  # timecodes, not "#<frame>", on the cells
+    assert np.array_equal(cv2.cvtColor(b[-axis.shape[0] :], cv2.COLOR_BGR2RGB), axis)

@@ -5,6 +5,7 @@ artifact. The sample film with the tiny model on the CPU (TINY RANDOM WEIGHTS: a
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,38 @@ def _qc_records(ws_root: Path) -> dict[int, dict]:
     return {i: read_marker(ws.shot_dir(i, keys[i]) / QC_RECORD) for i in sorted(keys)}
 
 
+def _check_report(out: Path, qc: dict[int, dict]) -> None:
+    """The report next to the film, read back: every shot with its SMPTE timecodes (23.976 fps from
+    00:00:00:00), dubbed or not and why, the dubbed faces by place with a thumbnail, where the speech came
+    from, its QC links; the outputs, the workspace and the log."""
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    page = out.with_suffix(".report.html").read_text()
+    assert report["film"] == str(FILM) and report["fps"] == "24000/1001" and report["frames"] == SHOTS[-1][1]
+    assert [(s["shot"], tuple(s["frames"])) for s in report["shots"]] == list(enumerate(SHOTS))
+    # 24000/1001 counts 24 frames a timecode second: frame 60 is 00:00:02:12, frame 288 is 00:00:12:00
+    assert (report["shots"][0]["tc_in"], report["shots"][0]["tc_out"]) == ("00:00:00:00", "00:00:02:12")
+    assert report["shots"][-1]["tc_out"] == report["duration"] == "00:00:12:00"
+    assert [s["shot"] for s in report["shots"] if s["dubbed"]] == list(DUBBED) == [0, 2]
+    skipped = [s for s in report["shots"] if not s["dubbed"]]
+    assert all(s["status"] == "not dubbed (copied through)" and "skip" in s["why"] for s in skipped), skipped
+    (face,) = report["shots"][0]["who"]  # the speaker, by place, with its thumbnail and confidence in words
+    assert face["track"] == 0 and face["status"] == "speaker" and "close-up" in face["place"]
+    assert face["thumbnail"].startswith("data:image/png;base64,") and face["thumbnail"] in page
+    assert "confidence" in face["confidence"] and "film's own dialogue" in report["shots"][0]["speech"]
+    (forced,) = report["shots"][2]["who"]  # no face: the forced full frame
+    assert forced["status"] == "forced" and forced["confidence"].startswith("forced")
+    for i in DUBBED:
+        shot = report["shots"][i]
+        assert (shot["qc_sheet"], shot["qc_preview"]) == (qc[i]["contact_sheet"], qc[i]["preview"])
+        assert Path(shot["qc_sheet"]).resolve().as_uri() in page
+    assert (
+        report["outputs"]["film"] == str(out.resolve())
+        and Path(report["outputs"]["timeline (OTIO)"]).is_file()
+    )
+    assert Path(report["workspace"]).is_dir() and report["log"] is None  # no run log outside the command
+    assert any("TINY RANDOM WEIGHTS" in n for n in report["notes"]) and "TINY RANDOM WEIGHTS" in page
+
+
 def test_qc_is_written_beside_the_next_render_and_again_after_a_lost_one(
     tmp_path: Path, qc_log: list[tuple[str, str]], tiny_weights: Path
 ):
@@ -80,6 +113,7 @@ def test_qc_is_written_beside_the_next_render_and_again_after_a_lost_one(
         start, end = SHOTS[i]
         assert probe(rec["preview"]).frame_count == end - start and Path(rec["contact_sheet"]).stat().st_size
         assert rec["seconds"] > 0
+    _check_report(tmp_path / "a.mp4", records)
     written = [(t, m) for t, m in qc_log if " QC in " in m]
     assert [m[:9] for _, m in written] == ["shot 0000", "shot 0002"], qc_log
     assert all(t.startswith("shot-qc") for t, _ in written), written  # the QC thread, not the render's

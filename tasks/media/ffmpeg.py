@@ -4,8 +4,10 @@ dubflow uses only `imageio_ffmpeg.get_ffmpeg_exe()` (no system ffmpeg, no ffprob
 live in generators / context managers whose `finally:` kills and reaps them, so an exception or an
 abandoned iterator never leaves an ffmpeg behind, and each child gets SIGKILL when the process that
 started it dies, however it dies (`PR_SET_PDEATHSIG`): a film run killed during its final encode
-leaves no ffmpeg writing on. Their stderr goes to a temporary file (no pipe
-deadlock) and its last lines become the message of a `DecodeError`.
+leaves no ffmpeg writing on. Each child also runs in a session of its own, out of the terminal's line of
+fire: a Ctrl-C reaches dubflow alone, which stops its work in order and kills its children itself.
+Their stderr goes to a temporary file (no pipe deadlock) and its last lines become the message of a
+`DecodeError`.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def run(
     log.debug("run %s", " ".join(cmd))
     proc = subprocess.run(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        preexec_fn=_dies_with_parent(),
+        preexec_fn=_dies_with_parent(), start_new_session=True,
     )  # fmt: skip
     err = proc.stderr.decode("utf-8", "replace")
     if check and proc.returncode != 0:
@@ -123,7 +125,7 @@ def read_lines(
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-            preexec_fn=_dies_with_parent(),
+            preexec_fn=_dies_with_parent(), start_new_session=True,
         )  # fmt: skip
         try:
             assert proc.stdout is not None
@@ -158,6 +160,7 @@ def read_blocks(
             stderr=err,
             bufsize=0,
             preexec_fn=_dies_with_parent(),
+            start_new_session=True,
         )
         try:
             assert proc.stdout is not None
@@ -198,7 +201,7 @@ def start_encoder(args: Sequence[str], *, stderr: IO[bytes]) -> subprocess.Popen
     it (`write_pipe` is the one-block form)."""
     return subprocess.Popen(
         [ffmpeg_exe(), "-hide_banner", *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        stderr=stderr, preexec_fn=_dies_with_parent(),
+        stderr=stderr, preexec_fn=_dies_with_parent(), start_new_session=True,
     )  # fmt: skip
 
 
@@ -211,7 +214,7 @@ def write_pipe(args: Sequence[str], *, path: str | Path, what: str = "encoding")
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [ffmpeg_exe(), *BASE_ARGS, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
-            preexec_fn=_dies_with_parent(),
+            preexec_fn=_dies_with_parent(), start_new_session=True,
         )  # fmt: skip
         ok = False
         try:

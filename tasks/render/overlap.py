@@ -14,7 +14,9 @@ owns the models), so the GPU goes from one chunk to the next without waiting for
     the writes of chunks already generated have finished (a crash loses no generated chunk; their own
     errors are logged); reads not yet started are dropped;
   * `on_done(item)` runs on the calling thread once the item's write has returned (progress callbacks
-    stay on the caller's thread).
+    stay on the caller's thread);
+  * a stop asked for by a signal (`tasks.interrupts.check_stop`) is honoured before each generation:
+    the chunks generated so far are written, then `Interrupted` is raised (the next run resumes there).
 `overlap=False` runs the same three steps inline, one after the other: the reference the tests compare
 against (the same output bytes). Holds no knowledge of frames, files or models: the caller's functions do.
 """
@@ -28,6 +30,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from tasks.interrupts import check_stop
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ def run_chunks(
     done = on_done or (lambda item: None)
     if not overlap:
         for item in items:
+            check_stop()
             write(item, generate(item, read(item)))
             done(item)
         return {"wait_read": 0.0, "wait_write": 0.0}
@@ -111,6 +116,7 @@ def run_chunks(
             if ahead < len(items):
                 reader.submit(read, items[ahead])
                 ahead += 1
+            check_stop()  # a safe point: every chunk generated so far is written or queued to be
             product = generate(item, got)
             while len(writer) >= depth or writer.ready():
                 done(writer.take())

@@ -11,7 +11,7 @@ import logging
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,8 @@ class QcConfig:
     thumb_height: int = 160  # contact sheet cell height
     label: bool = True  # frame indices on the contact sheet
     title: str | None = None  # a banner on every preview frame and on the sheet (e.g. "PREVIEW PASS")
+    header: tuple[str, ...] = ()  # lines above the sheet (film, shot, timecode range, decision), wrapped
+    frame_label: Callable[[int], str] | None = None  # shot frame -> its label (a timecode); None: "#<frame>"
 
     def __post_init__(self) -> None:
         if self.height < 16 or self.thumb_height < 16:
@@ -77,11 +79,79 @@ def side_by_side(source: np.ndarray, dubbed: np.ndarray, height: int) -> np.ndar
     return np.concatenate([fit_height(source, height), fit_height(dubbed, height)], axis=1)
 
 
+def outlined_text(
+    img: np.ndarray, text: str, org: tuple[int, int], colour: tuple[int, int, int], scale: float
+) -> None:
+    """`text` in `colour` with a black outline, readable on any picture. The outline is the same text at
+    the same thickness shifted by a pixel each way: a thicker stroke advances wider in Hershey fonts, so a
+    thick black copy ran past the end of the text (the ghost letters after a long legend)."""
+    x, y = org
+    for dx, dy in ((-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (1, 1), (-1, 1), (1, -1)):
+        cv2.putText(img, text, (x + dx, y + dy), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, 1, cv2.LINE_AA)
+
+
 def _put_label(img: np.ndarray, text: str) -> None:
     scale = max(0.35, img.shape[0] / 400)
-    org = (4, int(14 * scale / 0.45))
-    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 3, cv2.LINE_AA)
-    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA)
+    outlined_text(img, text, (4, int(14 * scale / 0.45)), (255, 255, 255), scale)
+
+
+HEADER_SCALE = 0.45  # header text size (cv2 Hershey simplex scale): ~13 px tall letters
+HEADER_LINE = 20  # pixels per header line
+
+
+def wrap_text(text: str, width: int, scale: float, thickness: int = 1) -> list[str]:
+    """`text` broken at spaces into lines that each fit `width` pixels in the Hershey simplex font (a word
+    longer than the width gets a line of its own, cut to fit)."""
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    fits = lambda t: cv2.getTextSize(t, font, scale, thickness)[0][0] <= width  # noqa: E731
+    lines: list[str] = []
+    for word in text.split():
+        while not fits(word) and len(word) > 1:
+            word = word[:-1]
+        if lines and fits(f"{lines[-1]} {word}"):
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def header_band(lines: Sequence[str], width: int) -> np.ndarray:
+    """(h, width, 3) uint8: the sheet's header, every line wrapped to the width (nothing drawn over)."""
+    wrapped = [w for line in lines for w in wrap_text(line, width - 12, HEADER_SCALE)]
+    band = np.full((HEADER_LINE * len(wrapped) + 10, width, 3), 16, np.uint8)
+    for k, line in enumerate(wrapped):
+        org = (6, 6 + HEADER_LINE * k + 14)
+        cv2.putText(band, line, org, cv2.FONT_HERSHEY_SIMPLEX, HEADER_SCALE, (235, 235, 235), 1, cv2.LINE_AA)
+    return band
+
+
+def time_axis(width: int, num_frames: int, label: Callable[[int], str], height: int = 24) -> np.ndarray:
+    """(height, width, 3) uint8: a time axis for a strip whose x spans the shot's frames [0, num_frames]
+    (the speech timeline's): a tick per frame position, labelled (``label(frame)``, e.g. its timecode) at
+    the first and last frame and in between wherever a label fits without touching its neighbours."""
+    img = np.full((height, width, 3), 24, np.uint8)
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, 0.35
+    cv2.line(img, (0, 2), (width - 1, 2), (150, 150, 150), 1)
+    if num_frames <= 0:
+        return img
+    last = max(1, num_frames - 1)
+    x_of = lambda f: round(f / last * (width - 1))  # noqa: E731
+    right_edge = -1
+    texts = [(0, label(0)), (last, label(last))]
+    texts += [(f, label(f)) for f in np.linspace(0, last, 9)[1:-1].round().astype(int).tolist()]
+    end_w = cv2.getTextSize(texts[1][1], font, scale, 1)[0][0]
+    for frame, text in [texts[0], *texts[2:], texts[1]]:  # left to right, the last frame's label last
+        x = x_of(frame)
+        cv2.line(img, (x, 2), (x, 7), (200, 200, 200), 1)
+        w = cv2.getTextSize(text, font, scale, 1)[0][0]
+        left = min(max(0, x - w // 2), width - w - 1)
+        end_left = width - end_w - 1
+        if (right_edge >= 0 and left <= right_edge + 8) or (frame != last and left + w + 8 >= end_left):
+            continue  # would touch the previous label or the last one
+        cv2.putText(img, text, (left, height - 6), font, scale, (220, 220, 220), 1, cv2.LINE_AA)
+        right_edge = left + w
+    return img
 
 
 def sheet_indices(num_frames: int, n: int) -> list[int]:
@@ -94,16 +164,21 @@ def sheet_indices(num_frames: int, n: int) -> list[int]:
 
 
 def contact_sheet(
-    pairs: Sequence[tuple[int, np.ndarray, np.ndarray]], cols: int, thumb_height: int, label: bool = True
+    pairs: Sequence[tuple[int, np.ndarray, np.ndarray]],
+    cols: int,
+    thumb_height: int,
+    label: bool = True,
+    frame_label: Callable[[int], str] | None = None,
 ) -> np.ndarray:
-    """Grid of ``[source | dubbed]`` cells, ``cols`` per row, labelled with frame indices."""
+    """Grid of ``[source | dubbed]`` cells, ``cols`` per row, labelled with their frames (``frame_label``:
+    e.g. the frame's timecode and shot frame; default ``#<shot frame>``)."""
     if not pairs:
         raise ValueError("contact sheet needs at least one frame pair")
     cells = []
     for index, src, dub in pairs:
         cell = side_by_side(src, dub, thumb_height).copy()
         if label:
-            _put_label(cell, f"#{index}")
+            _put_label(cell, frame_label(index) if frame_label is not None else f"#{index}")
         cells.append(cell)
     cell_w = max(c.shape[1] for c in cells)
     cols = min(cols, len(cells))
@@ -269,10 +344,14 @@ def write_qc(
         if writer.frames != total:
             raise ValueError(f"expected {total} frame pairs for {stem}, got {writer.frames}")
         preview = writer.close()
-    grid = contact_sheet(picked, cfg.sheet_cols, cfg.thumb_height, cfg.label)
+    grid = contact_sheet(picked, cfg.sheet_cols, cfg.thumb_height, cfg.label, cfg.frame_label)
     if overlay is not None:
         grid = np.concatenate([grid, overlay.timeline(grid.shape[1])], axis=0)
-    if cfg.title:
+    if cfg.frame_label is not None:  # the time axis under the timeline (or the grid)
+        grid = np.concatenate([grid, time_axis(grid.shape[1], total, cfg.frame_label)], axis=0)
+    if cfg.header:  # the title is the header's first line then, above the sheet
+        grid = np.concatenate([header_band(cfg.header, grid.shape[1]), grid], axis=0)
+    elif cfg.title:
         _put_label(grid, cfg.title)
     sheet = write_png(grid, out / f"{stem}_sheet.png")
     log.debug("QC for %s: %s, %s (%d frames)", stem, preview, sheet, total)

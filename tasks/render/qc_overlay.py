@@ -17,16 +17,31 @@ import numpy as np
 
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.perception.face_analysis import ShotFaces
+from tasks.render.qc import outlined_text, wrap_text
 
 GREY, RED, GREEN, YELLOW = (170, 170, 170), (230, 60, 60), (60, 220, 90), (250, 210, 60)
+LEGEND = (
+    "speech (grey), mouth activity per track (lines), agreement with the speech (dots), dubbed turns (bars)"
+)
 TRACK_COLOURS = [(90, 160, 255), (255, 150, 60), (200, 90, 255), (60, 220, 220), (255, 90, 160)]
 
 
 def _text(
     img: np.ndarray, text: str, org: tuple[int, int], colour: tuple[int, int, int], scale: float
 ) -> None:
-    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 3, cv2.LINE_AA)
-    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, 1, cv2.LINE_AA)
+    outlined_text(img, text, org, colour, scale)
+
+
+def _label_origin(shape: tuple[int, ...], box: list[int], label: str, scale: float) -> tuple[int, int]:
+    """Where a face's label goes: above its box, or under it when the box touches the frame's top band (the
+    contact sheet's timecode lives there), moved left so it ends inside the frame (never over the next cell)."""
+    (w, h), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+    top_band = round(34 * scale / 0.45)  # the cell label's height (`tasks.render.qc._put_label`) and a margin
+    y = box[1] - 4
+    if y - h < top_band:
+        y = min(shape[0] - 3, box[3] + h + 4)
+    x = max(1, min(box[0], shape[1] - w - 2))
+    return x, y
 
 
 class SpeakerOverlay:
@@ -72,7 +87,7 @@ class SpeakerOverlay:
                 + (f" speaks {region.score:.2f}" if chosen else "")
                 + self._agreement_label(tr.id, t)
             )
-            _text(out, label, (box[0], max(12, box[1] - 4)), colour, scale)
+            _text(out, label, _label_origin(out.shape, box, label, scale), colour, scale)
         if region is not None:
             x0, y0, x1, y1 = (round(v * self.scale) for v in region.plan.box_at(t - region.start_frame))
             cv2.rectangle(out, (x0, y0), (x1 - 1, y1 - 1), YELLOW, thick)
@@ -124,15 +139,15 @@ class SpeakerOverlay:
             cv2.rectangle(img, (a, h_plot + 2), (b, h_plot + h_bar), colour, -1)
             who = [p["track"] for p in r.people] or [r.speaker]
             label = "+".join(f"{k}" + (f" {self.names[str(k)]}" if str(k) in self.names else "") for k in who)
-            _text(img, label, (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
-        _text(
-            img,
-            "speech (grey), mouth activity per track (lines), agreement with the speech (dots), dubbed turns",
-            (4, h_plot + h_bar + 15),
-            GREY,
-            0.38,
-        )
-        return img
+            if (
+                cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, 0.35, 1)[0][0] <= b - a - 4
+            ):  # inside its turn
+                _text(img, label, (a + 2, h_plot + h_bar - 2), (255, 255, 255), 0.35)
+        legend = wrap_text(LEGEND, width - 8, 0.38)  # wrapped: no word runs off the sheet or over another
+        strip = np.full((len(legend) * 14 + 6, width, 3), 24, np.uint8)
+        for k, line in enumerate(legend):
+            _text(strip, line, (4, 12 + 14 * k), GREY, 0.38)
+        return np.concatenate([img[: h_plot + h_bar + 2], strip], axis=0)
 
 
 def speaker_overlay(decision: ShotDecision, scale: float = 1.0) -> SpeakerOverlay | None:

@@ -27,6 +27,7 @@ from tasks.picture.geometry import ModelGeometry
 from tasks.render.qc import QcConfig, write_qc
 from tasks.render.qc_overlay import speaker_overlay
 from tasks.timeline.plan import ShotPlan
+from tasks.timeline.run_report import smpte
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,14 @@ def write_shot_qc(
     if lips is not None:  # on the sheet and the preview: the check's score, and REVIEW when it flags the shot
         mark = "lips ?" if lips.fit is None else f"lips {lips.fit:+.2f}"
         title = " | ".join(filter(None, [title, mark + (" REVIEW" if lips.flagged else "")]))
-    qc = QcConfig(height=height, fps=float(info.fps), title=title)
+
+    def timecode(t: int) -> str:  # shot frame t as the film's timecode, with the shot frame
+        return f"{smpte(plan.start_frame + t, info.fps, info.timecode)} #{t}"
+
+    qc = QcConfig(
+        height=height, fps=float(info.fps), title=title, header=sheet_header(info, plan, decision, title),
+        frame_label=timecode,
+    )  # fmt: skip
     width, geometry, scale = qc_geometry(info, max(qc.height, qc.thumb_height))
     overlay = speaker_overlay(decision, scale) if decision is not None else None
     qc_dir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +142,23 @@ def shot_lip_check(
     clip = mono[round(f0 / fps * RATE) : round(f1 / fps * RATE)]
     frames = display_frames(dubbed, f0, f1, hw)
     return lip_check(frames, f1 - f0, fps, clip, tuple(box * scale), min_fit)
+
+
+def sheet_header(
+    info: VideoInfo, plan: ShotPlan, decision: ShotDecision | None, title: str | None = None
+) -> tuple[str, ...]:
+    """The QC sheet's header: the film, the shot and its timecode range (the film's own timecode, end
+    exclusive), and the decision with its reason (`title` first, e.g. the preview label)."""
+    tc = lambda f: smpte(f, info.fps, info.timecode)  # noqa: E731
+    span = (
+        f"{Path(info.path).name} - shot {plan.shot_index:04d} - {tc(plan.start_frame)} to {tc(plan.end_frame)} "
+        f"({plan.num_frames} frames at {float(info.fps):.3f} fps)"
+    )
+    if decision is None:
+        verdict = "decision: dubbed (the backend takes no dub decision)"
+    else:
+        verdict = f"decision: {'dubbed' if decision.dub else 'not dubbed'}: {decision.reason}"
+    return tuple(x for x in (title, span, verdict) if x)
 
 
 def decision_path(out: Path) -> Path:

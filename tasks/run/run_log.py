@@ -3,12 +3,15 @@
 A person at a shell reads `dubflow: error: ...` and the progress lines; the tracebacks Prefect logs
 for a failed task or flow run (and the one of the failure itself) go to the run's log file,
 ``<workspace root>/.logs/dub-<UTC time>-<pid>-<film stem>.log``, which the error line of an unexpected
-failure names (a user error's line says it all).
+failure names (a user error's line says it all). Prefect's own bookkeeping (run created, "Finished in
+state Completed()", the engine's report of an interrupt) stays off the console (`ConsoleFilter`,
+installed by `quiet_console` once Prefect is imported) and goes to the log file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import traceback
@@ -30,12 +33,61 @@ class ConsoleFormatter(logging.Formatter):
         return super().format(bare)
 
 
+# Prefect's own reports of a state or a failure the command reports itself (one line at its end)
+_PREFECT_REPORTS = (
+    "Finished in state",
+    "Encountered exception during execution",
+    "Crash detected!",
+    "Engine execution",
+    "Execution of task",
+)
+
+
+# the loggers whose INFO lines a person running a film reads: the flows' and their run loggers'
+_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "flows.", "dubflow")
+
+
+class ConsoleFilter(logging.Filter):
+    """Lets through what a person running a film needs: the flows' lines (progress per shot and chunk,
+    through Prefect's run loggers too) and every warning and error, but of Prefect's own code only
+    warnings and errors that are not its report of a state or failure the command reports itself
+    ("Finished in state ...", "Encountered exception ...", the engine's report of an interrupt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        spec = importlib.util.find_spec("prefect")
+        origin = spec.origin if spec is not None else None
+        self.prefect_dir = str(Path(origin).parent) + os.sep if origin else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        prefect_code = self.prefect_dir is not None and record.pathname.startswith(self.prefect_dir)
+        if prefect_code:
+            return record.levelno >= logging.WARNING and not record.getMessage().startswith(_PREFECT_REPORTS)
+        # below warnings: the run's own lines (progress per shot and chunk); library detail (model loads,
+        # encoders) goes to the log file
+        return record.levelno >= logging.WARNING or record.name.startswith(_RUN_LOGGERS)
+
+
 def console_handler(level: int) -> logging.Handler:
-    """A stderr handler at `level` writing `FORMAT` lines without tracebacks."""
+    """A stderr handler at `level` writing `FORMAT` lines without tracebacks, without Prefect's noise."""
     handler = logging.StreamHandler()
     handler.setLevel(level)
     handler.setFormatter(ConsoleFormatter(FORMAT, datefmt="%H:%M:%S"))
+    handler.addFilter(ConsoleFilter())
+    handler.dubflow_console = True  # type: ignore[attr-defined] # one of ours (`quiet_console` replaces it)
     return handler
+
+
+def quiet_console(level: int) -> None:
+    """After Prefect's import (its logging setup replaced the root logger's handlers with its console
+    handler and raised the root level to WARNING): the root logger at `level` again, with one console
+    handler of ours (`console_handler`) and no console handler of Prefect's."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler).__module__.startswith("prefect.") or getattr(handler, "dubflow_console", False):
+            root.removeHandler(handler)
+    root.addHandler(console_handler(level))
+    root.setLevel(min(level, logging.INFO))
 
 
 def log_path(root: str | os.PathLike[str], source: str | os.PathLike[str]) -> Path:
@@ -59,6 +111,7 @@ def run_log(path: str | os.PathLike[str], level: int = logging.INFO) -> Iterator
     handler = logging.FileHandler(p, encoding="utf-8")
     handler.setLevel(level)
     handler.setFormatter(logging.Formatter(FORMAT))
+    handler.dubflow_run_log = True  # type: ignore[attr-defined] # the report names it (flows/run_report.py)
     root = logging.getLogger()
     root.addHandler(handler)
     try:

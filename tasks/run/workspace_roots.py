@@ -13,10 +13,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.config import load_config
+from tasks.config import PipelineConfig, load_config
 from tasks.errors import ConfigError
 
 WS_ROOTS_ENV = "DUBFLOW_WORKSPACE_ROOTS"
+
+
+def workspace_root(cfg: PipelineConfig) -> str:
+    """`workspace.root`, except that `DUBFLOW_WORKSPACE` replaces the default root (shared across hosts)."""
+    env = os.environ.get("DUBFLOW_WORKSPACE", "").strip()
+    if env and cfg.workspace.root == load_config().workspace.root:
+        return env
+    return cfg.workspace.root
 
 
 def workspace_roots(source: str | os.PathLike[str]) -> list[Path]:

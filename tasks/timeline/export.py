@@ -3,8 +3,10 @@
 Three tracks at the film's exact frame rate, starting at the film's own start timecode: `source` (each
 shot a clip of the source film at its own frame range), `dubbed` (each shot's lossless per-shot
 intermediate, or the shot's range of the delivered file, which carries the same start timecode, when the
-workspace is not kept), both at the shot's source timecode, and `dub audio` (the 48 kHz / 24-bit WAV
-for audio post next to the timeline). Reels are named after their files in at most 8 characters (the
+workspace is not kept), and `dub audio` (the 48 kHz / 24-bit WAV for audio post next to the timeline).
+Every clip names frames through its own media's timecode, so a conform reads exactly those frames: the
+film and the delivered file at the film's timecode, a shot intermediate (which has no timecode track)
+from 00:00:00:00 (tests/test_conform.py reads every clip back with ffmpeg). Reels are named after their files in at most 8 characters (the
 film, `<stem>DUB` for the delivered file, `D<index>` for a shot's intermediate), clips after their
 shots (`SH0001`), so a CMX conform finds every event by reel and timecode. Each clip's metadata names the shot, its result key and
 whether it was dubbed. Also, through the OTIO plug-in adapters `otio-cmx3600-adapter` and `otio-fcp-adapter`
@@ -77,8 +79,9 @@ def film_timeline(
 ) -> otio.schema.Timeline:
     """The timeline. `shots`: index, start_frame, end_frame, key, dubbed, reason and `path` (the shot's
     intermediate, or None to cut the shot's range from `delivered`). `timecode`: the film's start
-    timecode; source ranges are at the film's own timecode (the delivered file carries the same start
-    timecode), reels are named after their files (<= 8 characters), clips after their shots (`shot_name`)."""
+    timecode; source ranges are in each media's own timecode (the film's and the delivered file's start at
+    `timecode`, a shot intermediate's at 0), reels are named after their files (<= 8 characters), clips
+    after their shots (`shot_name`)."""
     rate = float(fps)
     tc0 = start_frame(timecode, fps)
     film_reel = reel_name(Path(film).stem)
@@ -91,16 +94,17 @@ def film_timeline(
         meta = {"dubflow": {k: shot.get(k) for k in ("index", "key", "dubbed", "reason")}}
         film_media = _media(film, frame_count, rate, tc0)
         source.append(_clip(label, film_media, tc0 + start, end - start, rate, film_reel, meta))
-        if shot.get("path"):  # the shot's own intermediate: its own reel, at the shot's source timecode
-            media, reel = (
-                _media(shot["path"], end - start, rate, tc0 + start),
+        if shot.get("path"):  # the shot's own intermediate (no timecode track: it starts at 00:00:00:00)
+            media, reel, first = (
+                _media(shot["path"], end - start, rate, 0),
                 f"D{int(shot['index']):05d}"[:8],
+                0,
             )
-        elif delivered is not None:
-            media, reel = _media(delivered, frame_count, rate, tc0), dub_reel
+        elif delivered is not None:  # the delivered film carries the film's start timecode
+            media, reel, first = _media(delivered, frame_count, rate, tc0), dub_reel, tc0 + start
         else:
             raise ValueError(f"{label}: no intermediate and no delivered file to cut it from")
-        dubbed.append(_clip(f"{label}D"[:8], media, tc0 + start, end - start, rate, reel, meta))
+        dubbed.append(_clip(f"{label}D"[:8], media, first, end - start, rate, reel, meta))
     sound = otio.schema.Track(name="dub audio", kind=otio.schema.TrackKind.Audio)
     sound.append(
         _clip(Path(audio).name, _media(audio, frame_count, rate, tc0), tc0, frame_count, rate,
