@@ -93,6 +93,7 @@ def test_artifacts_of_a_run(tmp_path: Path):
         "speaker": "",
         "score": "",
         "agreement": "",
+        "lips": "",
         "reason": "",
     }
     assert rows[1]["status"] == "failed" and rows[1]["reason"] == "OOM"
