@@ -12,7 +12,7 @@
 `dub` runs the `dub-film` Prefect flow in this process (against `PREFECT_API_URL` if set, else a
 temporary server of its own in its own session: `flows/local_server.py`) or, with `--no-prefect`, the same
 tasks as plain calls. One Ctrl-C or SIGTERM stops it in seconds, keeping what finished, with one line saying
-how to resume (`tasks/interrupts.py`); docs/running.md describes the console, the report and the QC sheets. `shots` and
+how to resume (`tasks/render/interrupts.py`); docs/running.md describes the console, the report and the QC sheets. `shots` and
 `plan` never import Prefect or torch. Failures print one line, `dubflow: error: <file>: <problem>`
 (`<key>: <problem>` for a config value), and exit with status 1 (no traceback; `--debug` shows it).
 `dub` checks before Prefect starts what would otherwise fail late: config values, the output path
@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.interrupts import stop_on_signals
+from tasks.render.interrupts import stop_on_signals
 from tasks.run.run_log import FORMAT, console_handler
 
 log = logging.getLogger("dubflow")
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dubflow: error: {ex}", file=sys.stderr)  # a user's error: the line says it all
         return 1
-    except KeyboardInterrupt as ex:  # a Ctrl-C or SIGTERM (tasks.interrupts): what finished is kept
+    except KeyboardInterrupt as ex:  # a Ctrl-C or SIGTERM (tasks.render.interrupts): what finished is kept
         if args.debug:
             raise
         print(_resume_line(ex, argv) if args.command == "dub" else "dubflow: interrupted", file=sys.stderr)

@@ -37,10 +37,8 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -53,23 +51,20 @@ from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.child_runs import ChildNotStarted, await_child
+from flows.delivery import Rendered, deliver, publish_film_summary
 from flows.film_steps import FlowSteps
 from flows.film_tasks import (
-    assemble_film,
     default_output,
-    export_timeline,
     film_tag,
     film_workspace_key,
-    review_identities,
     timeline_paths,
 )
 from flows.group_liveness import GroupLost, group_lock_path, outlived_crash
 from flows.groups import GpuCost, ShotCost, plan_groups
 from flows.prepare import prepare_film
-from flows.progress import artifact_key, publish_shot_table, publish_summary
+from flows.progress import artifact_key, publish_shot_table
 from flows.report import group_report, publish_groups, reused_shots, shot_rows, shot_timings
-from flows.review import ask_once, log_uncertain, qc_preview, review_notes
-from flows.run_report import write_run_report
+from flows.review import log_uncertain, review_step
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import describe_place, run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
@@ -78,34 +73,26 @@ from tasks.config import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.plan_file import write_plan
 from tasks.decision.review import (
-    answer_overrides,
     film_turns,
     fresh_plan,
-    plan_answers,
-    settle,
-    write_answers,
 )
 from tasks.decision.stems import parse_stems
 from tasks.errors import ConfigError, DubflowError
-from tasks.infinitetalk.tiny import TINY_BANNER, TINY_LABEL
 from tasks.media.assemble import check_output_path
 from tasks.media.deliver import check_names
 from tasks.media.profiles import check_container
 from tasks.render.preflight import check_run_config
-from tasks.render.shot import PREVIEW_LABEL
 from tasks.run.inputs import check_inputs_unchanged, input_identity, portable
-from tasks.run.outputs import check_overwrite, confine_output, output_comment
+from tasks.run.outputs import check_overwrite, confine_output
 from tasks.run.run_lock import hold_lock
 from tasks.run.workspace import (
     Workspace,
     mark_shot_failed,
-    read_shot_done,
     read_shot_failed,
     shot_done,
     stable_hash,
 )
 from tasks.run.workspace_roots import confine_workspace_root, workspace_root
-from tasks.timeline.export import EXTRA_FORMATS
 from tasks.timeline.plan import ShotPlan
 
 log = logging.getLogger(__name__)
@@ -298,7 +285,8 @@ def run_pipeline(
     if turns:  # every shot is rendered (uncertain turns under the policy): ask once, re-render what changed
         plan_path = plan or film_plan_file(out)
         if cfg.review.enabled and can_ask:
-            rendered, prepared.records = review_step(runner, steps, film, prepared, cfg, turns, plan_path)
+            prepared.records = review_step(runner, steps, film, prepared, cfg, turns, plan_path)
+            rendered = render_groups(runner, steps.ws, film, prepared.records, cfg)
             noted = refreshed(noted, plan_path)  # the answers went into the plan file
         else:
             if not Path(plan_path).exists():
@@ -327,7 +315,7 @@ def run_pipeline(
         "total": t_end - t0,
         **rendered.per_stage,
     }
-    _summary(runner, film, prepared.records, rendered, final, timings, cfg)
+    publish_film_summary(runner, film, prepared.records, rendered, final, timings, cfg)
     logger = run_logger(log)
     rows = rendered.rows
     dubbed = sum(r["status"] == "done" for r in rows)
@@ -348,54 +336,6 @@ def film_plan_file(out: str) -> str:
 def refreshed(noted: dict[str, Any], path: str) -> dict[str, Any]:
     """The inputs noted at the start with ``path`` (the plan file the review writes) noted again."""
     return {**{k: v for k, v in noted.items() if k != str(path)}, **input_identity([path])}
-
-
-def review_step(
-    runner: Any, steps: FlowSteps, film: dict[str, Any], prepared: Any, cfg: PipelineConfig,
-    turns: list[Any], plan_path: str,
-) -> tuple[Rendered, list[dict[str, Any]]]:  # fmt: skip
-    """Pause once for the uncertain `turns` (`flows.review.ask_once`), settle them (a person, the same
-    character, or the policy), put the answers into the plan file and the shots' overrides, re-key and
-    re-decide those shots and render again: only the shots whose key changed render."""
-    ws, records, video = steps.ws, prepared.records, prepared.video
-    assert ws is not None
-    by_index = {r["index"]: r for r in records}
-    shots = sorted({t.shot for t in turns})
-    spans = [[t.shot, t.start_frame, t.end_frame] for t in turns]
-    ids = runner.call(
-        review_identities, video, records, spans, film["config"], str(ws.path), name=film["tag"]
-    )
-    characters = {(int(i), int(k)): str(c) for i, k, c in ids["faces"]}
-    voices = {t.field: ids["voices"].get(f"{t.shot}:{t.start_frame}:{t.end_frame}") for t in turns}
-    previews = {i: qc_preview(ws, by_index[i]) for i in shots}
-    key = f"review-{ws.key[:12]}"
-    values, by_deadline = ask_once(turns, video, previews, cfg.review.timeout_s, plan_path, key)
-    settled = settle(turns, values, characters, voices, cfg.speaker.voice_min_cos)
-    answers = plan_answers(settled)
-    notes = review_notes(settled, by_deadline)
-    logger = run_logger(log)
-    for s in settled:
-        logger.info("review: shot %d %s -> %s (%s)", s.turn.shot, s.turn.field, s.speaker, s.by)
-    if answers:
-        fps = Fraction(video["fps"])
-        seed = int(backend_option(film["config"], "seed", 0) or 0)
-        fresh = fresh_plan(film["source"], prepared.track.source, fps, video["frame_count"], records, seed)
-        try:
-            write_answers(plan_path, answers, fresh)
-            logger.info("review: answers for shot(s) %s written to %s", sorted(answers), plan_path)
-        except DubflowError as exc:  # e.g. a plan dubflow did not write: this run still applies them
-            logger.warning("review: answers not kept in %s (%s); this run applies them", plan_path, exc)
-        changed = [
-            {**by_index[i], "overrides": answer_overrides(by_index[i].get("overrides"), i, a)}
-            for i, a in sorted(answers.items())
-        ]
-        changed = steps.keyed(changed, prepared.track.to_dict(), prepared.stems)
-        decisions = steps.decide(video, changed, prepared.track.to_dict())
-        for r in changed:
-            by_index[r["index"]] = {**r, "decision": decisions[r["index"]]}
-    records = [{**by_index[r["index"]], **({"review": notes[r["index"]]} if r["index"] in notes else {})}
-               for r in records]  # fmt: skip
-    return render_groups(runner, ws, film, records, cfg), records
 
 
 def _checked(
@@ -425,17 +365,6 @@ def _checked(
     for target in (out, *timeline_paths(out, cfg.to_dict())):
         check_overwrite(target, key, overwrite, Path(out).name)
     return cfg, out, stems
-
-
-@dataclass
-class Rendered:
-    """What `render_groups` leaves for delivery and the summary."""
-
-    rows: list[dict[str, Any]]  # the shot table's rows after rendering
-    groups: list[Any]  # flows.groups.Group
-    shares: list[float]  # the model-load share per group (plan)
-    reused: set[int]  # shots complete before this run
-    per_stage: dict[str, float]  # summed per-shot stage timings
 
 
 def render_groups(
@@ -497,75 +426,6 @@ def _part_done(ws: Workspace, records: list[dict[str, Any]], reused: set[int]) -
             if n:
                 out[r["index"]] = n
     return out
-
-
-def deliver(
-    runner: Any, ws: Workspace, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
-    out: str, audio_path: str, pad: bool, cfg: PipelineConfig, dest: Any = None,
-    inputs: dict[str, list[int | str]] | None = None,
-) -> dict[str, str]:  # fmt: skip
-    """The film assembled from the verified shot results, its edit-suite timeline, the workspace removed
-    when `workspace.keep` is off: {"output", "timeline"}. `dest`: the claimed output
-    (`tasks.run.outputs.claim_output`), re-checked at each final rename."""
-    name, cfgd, rows = Path(film["source"]).name, film["config"], rendered.rows
-    paths = [r["output"] for r in rows]
-    files = [(read_shot_done(ws, r["index"], r["key"]) or {}).get("result", {}).get("file") for r in records]
-    final = runner.call(
-        assemble_film, film["video"], paths, out, audio_path, pad, cfgd, str(ws.path), name=name, records=files,
-        stamp=output_comment(ws.key, PREVIEW_LABEL if cfg.workspace.preview else None), dest=dest, key=ws.key,
-        noted=inputs,
-    )  # fmt: skip
-    args = (final, film["source"], film["video"], records, rows, audio_path, cfgd)
-    timeline = runner.call(export_timeline, *args, name=name, dest=dest, key=ws.key, noted=inputs)
-    sidecars = dict(
-        zip(("dub audio (48 kHz WAV)", "timeline (OTIO)"), timeline_paths(final, cfgd), strict=False)
-    )
-    sidecars |= {f"timeline ({EXTRA_FORMATS[n][0]})": str(Path(final).with_suffix(EXTRA_FORMATS[n][1]))
-                 for n in EXTRA_FORMATS if getattr(cfg.timeline, n)}  # fmt: skip
-    report = runner.call(
-        write_run_report, final, film["source"], film["video"], records, rows, ws.as_dict(),
-        {"film": final, **sidecars}, cfg.workspace.keep, _run_notes(cfg), name=name, dest=dest, key=ws.key,
-    )  # fmt: skip
-    if not cfg.workspace.keep:
-        shutil.rmtree(ws.path, ignore_errors=True)
-    return {"output": final, "timeline": timeline, "report": report[1]}
-
-
-def _run_notes(cfg: PipelineConfig) -> list[str]:
-    """What a reader of the report must not miss about this run's settings."""
-    notes = []
-    if cfg.backend.name == "passthrough":
-        notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
-    elif (
-        cfg.backend.name == "infinitetalk" and (cfg.sections.get("infinitetalk") or {}).get("weights") is None
-    ):
-        notes.append(f"{TINY_LABEL}: {TINY_BANNER}")
-    if cfg.workspace.preview:
-        notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
-    return notes
-
-
-def _summary(
-    runner: Any, film: dict[str, Any], records: list[dict[str, Any]], rendered: Rendered,
-    final: dict[str, str], timings: dict[str, float], cfg: PipelineConfig,
-) -> None:  # fmt: skip
-    """The run's summary artifact: timings and what was (not) dubbed."""
-    shares, preview = rendered.shares, cfg.workspace.preview
-    notes = [
-        f"{len(records)} shots in {len(rendered.groups)} group(s), fan-out {runner.fanout}, backend {cfg.backend.name}",
-        f"{len(rendered.reused)} shot(s) reused from earlier runs, {len(records) - len(rendered.reused)} rendered",
-        f"edit-suite timeline: {final['timeline']}",
-        f"report: {final['report']}",
-        f"model-load share per group (plan): {100 * min(shares):.1f}-{100 * max(shares):.1f} %",
-    ]
-    if cfg.backend.name == "passthrough":
-        notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
-    if preview:
-        notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
-    runner.publish(
-        publish_summary, artifact_key(film["tag"], "summary"), output=final["output"], timings=timings,
-        title=f"{Path(film['source']).name} dubbed{' (PREVIEW)' if preview else ''}", notes=notes,
-    )  # fmt: skip
 
 
 def _shot_cost(cost: GpuCost, record: dict[str, Any]) -> float:

@@ -20,18 +20,17 @@ from prefect import task
 from flows.progress import artifact_key
 from flows.runtime import run_logger
 from tasks.config import PipelineConfig
-from tasks.decision.cast import film_cast, plan_cast
+from tasks.decision.cast import film_cast
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.review import uncertain_of
-from tasks.decision.shot_decision import decide_shot, faces_made_from, faces_path, regions_json
+from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.errors import ConfigError, OutputError
-from tasks.files import atomic_write_json, bound_body, read_bound_json, write_bound_json
+from tasks.files import atomic_write_json, bound_body, write_bound_json
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import DialogueTrack, check_mix, prepare_dialogue, read_samples, write_post_wav
 from tasks.media.deliver import Destination, deliver, staging, written_record
 from tasks.media.intermediates import IntermediateError
 from tasks.media.probe import VideoInfo, probe
-from tasks.perception.face_analysis import ShotFaces, source_samples
 from tasks.render.backend import backend_model_size, backend_weights_identity, check_backend_options
 from tasks.render.preflight import check_free_space, workspace_need
 from tasks.run.inputs import check_inputs_unchanged
@@ -326,61 +325,6 @@ def decide_speakers(
                            "uncertain": uncertain_of(d, s)}  # fmt: skip
         logger.info("shot %04d: %s (%s)", r["index"], "dub" if d.dub else "pass through", d.reason)
     return out
-
-
-@task(task_run_name="review identities {name}")
-def review_identities(
-    video: dict[str, Any], records: list[dict[str, Any]], turns: list[list[int]], config: dict[str, Any],
-    work_dir: str, name: str = "",
-) -> dict[str, Any]:  # fmt: skip
-    """Who is who in the review's uncertain ``turns`` ([[shot, start_frame, end_frame]], film frames):
-    {"faces": [[shot, track, character]], "voices": {"shot:start:end": voice embedding or None}}. The
-    characters are the planning's own where the run linked them (`cast.shot`), else a link over just these
-    shots' tracks (face embeddings next to their cached face analyses); each voice is the GE2E embedding of the
-    film's own audio over the turn (None without audio or under `speaker.voice_min_s`)."""
-    by_index = {r["index"]: r for r in records}
-    shots = sorted({t[0] for t in turns})
-    info = VideoInfo.from_dict(video)
-    linked = [((by_index[i].get("overrides") or {}).get("cast") or {}).get("shot") for i in shots]
-    if all(shot and shot.get("tracks") for shot in linked):
-        faces = [
-            [i, int(k), v] for i, shot in zip(shots, linked, strict=True) for k, v in shot["tracks"].items()
-        ]
-    else:
-
-        def faces_of(index: int) -> tuple[ShotFaces | None, Path | None]:
-            r = by_index[index]
-            cfg_i = PipelineConfig.from_dict(shot_config(config, r.get("overrides")))
-            cache = faces_path(work_dir, index, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
-            made_from = faces_made_from(info, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
-            saved = read_bound_json(cache, made_from, "face analysis") if cache.is_file() else None
-            return (None, None) if saved is None else (ShotFaces.from_dict(saved), cache)
-
-        spans = [(i, by_index[i]["plan"]["start_frame"], by_index[i]["plan"]["end_frame"]) for i in shots]
-        cast = plan_cast(info, spans, faces_of, PipelineConfig.from_dict(config))
-        faces = [
-            [i, int(k), v] for i in shots for k, v in (cast.shots.get(i) or {}).get("tracks", {}).items()
-        ]
-    cfg = PipelineConfig.from_dict(config)
-    voices: dict[str, Any] = {}
-    long_enough = [t for t in turns if (t[2] - t[1]) / float(info.fps) >= cfg.speaker.voice_min_s]
-    if len(turns) > 1 and long_enough and info.audio:
-        from model.speaker.voice_id import embed_many, load_voice_encoder  # torch: only for several turns
-
-        wavs = [source_samples(info, t[1], t[2]) for t in long_enough]
-        if all(w is not None for w in wavs):
-            emb = embed_many(load_voice_encoder(), wavs)
-            voices = {
-                f"{t[0]}:{t[1]}:{t[2]}": [round(float(v), 6) for v in e]
-                for t, e in zip(long_enough, emb, strict=True)
-            }
-    run_logger(log).info(
-        "review: %d face(s) of %d shot(s) in characters, %d turn voice(s)",
-        len(faces),
-        len(shots),
-        len(voices),
-    )
-    return {"faces": faces, "voices": voices}
 
 
 @task(task_run_name="verify {name}")

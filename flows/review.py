@@ -27,20 +27,35 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
+from prefect import task
 from pydantic import Field, create_model
 
+from flows.film_steps import FlowSteps
 from flows.runtime import run_logger
+from tasks.backends import backend_option
+from tasks.config import PipelineConfig
+from tasks.decision.cast import plan_cast
 from tasks.decision.review import (
     POLICY,
     Settled,
     UncertainTurn,
+    answer_overrides,
     contact_sheet,
     face_label,
+    fresh_plan,
     parse_choice,
+    plan_answers,
+    settle,
+    write_answers,
 )
+from tasks.decision.shot_decision import faces_made_from, faces_path
+from tasks.errors import DubflowError
+from tasks.files import read_bound_json
 from tasks.media.intermediates import read_marker
 from tasks.media.probe import VideoInfo
+from tasks.perception.face_analysis import ShotFaces, source_samples
 from tasks.run.workspace import Workspace, read_shot_done
+from tasks.timeline.shot_key import shot_config
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +224,107 @@ def log_uncertain(turns: Sequence[UncertainTurn], fps: Fraction, plan_file: str 
 
 __all__ = ["ask_once", "log_uncertain", "parse_choice", "qc_preview", "review_description", "review_form",
            "review_notes"]  # fmt: skip
+
+
+def review_step(
+    runner: Any, steps: FlowSteps, film: dict[str, Any], prepared: Any, cfg: PipelineConfig,
+    turns: list[Any], plan_path: str,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Pause once for the uncertain `turns` (`flows.review.ask_once`), settle them (a person, the same
+    character, or the policy), put the answers into the plan file and the shots' overrides, re-key and
+    re-decide those shots: the film's records, which the flow renders again (only the shots whose key
+    changed render)."""
+    ws, records, video = steps.ws, prepared.records, prepared.video
+    assert ws is not None
+    by_index = {r["index"]: r for r in records}
+    shots = sorted({t.shot for t in turns})
+    spans = [[t.shot, t.start_frame, t.end_frame] for t in turns]
+    ids = runner.call(
+        review_identities, video, records, spans, film["config"], str(ws.path), name=film["tag"]
+    )
+    characters = {(int(i), int(k)): str(c) for i, k, c in ids["faces"]}
+    voices = {t.field: ids["voices"].get(f"{t.shot}:{t.start_frame}:{t.end_frame}") for t in turns}
+    previews = {i: qc_preview(ws, by_index[i]) for i in shots}
+    key = f"review-{ws.key[:12]}"
+    values, by_deadline = ask_once(turns, video, previews, cfg.review.timeout_s, plan_path, key)
+    settled = settle(turns, values, characters, voices, cfg.speaker.voice_min_cos)
+    answers = plan_answers(settled)
+    notes = review_notes(settled, by_deadline)
+    logger = run_logger(log)
+    for s in settled:
+        logger.info("review: shot %d %s -> %s (%s)", s.turn.shot, s.turn.field, s.speaker, s.by)
+    if answers:
+        fps = Fraction(video["fps"])
+        seed = int(backend_option(film["config"], "seed", 0) or 0)
+        fresh = fresh_plan(film["source"], prepared.track.source, fps, video["frame_count"], records, seed)
+        try:
+            write_answers(plan_path, answers, fresh)
+            logger.info("review: answers for shot(s) %s written to %s", sorted(answers), plan_path)
+        except DubflowError as exc:  # e.g. a plan dubflow did not write: this run still applies them
+            logger.warning("review: answers not kept in %s (%s); this run applies them", plan_path, exc)
+        changed = [
+            {**by_index[i], "overrides": answer_overrides(by_index[i].get("overrides"), i, a)}
+            for i, a in sorted(answers.items())
+        ]
+        changed = steps.keyed(changed, prepared.track.to_dict(), prepared.stems)
+        decisions = steps.decide(video, changed, prepared.track.to_dict())
+        for r in changed:
+            by_index[r["index"]] = {**r, "decision": decisions[r["index"]]}
+    records = [{**by_index[r["index"]], **({"review": notes[r["index"]]} if r["index"] in notes else {})}
+               for r in records]  # fmt: skip
+    return records
+
+
+@task(task_run_name="review identities {name}")
+def review_identities(
+    video: dict[str, Any], records: list[dict[str, Any]], turns: list[list[int]], config: dict[str, Any],
+    work_dir: str, name: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """Who is who in the review's uncertain ``turns`` ([[shot, start_frame, end_frame]], film frames):
+    {"faces": [[shot, track, character]], "voices": {"shot:start:end": voice embedding or None}}. The
+    characters are the planning's own where the run linked them (`cast.shot`), else a link over just these
+    shots' tracks (face embeddings next to their cached face analyses); each voice is the GE2E embedding of the
+    film's own audio over the turn (None without audio or under `speaker.voice_min_s`)."""
+    by_index = {r["index"]: r for r in records}
+    shots = sorted({t[0] for t in turns})
+    info = VideoInfo.from_dict(video)
+    linked = [((by_index[i].get("overrides") or {}).get("cast") or {}).get("shot") for i in shots]
+    if all(shot and shot.get("tracks") for shot in linked):
+        faces = [
+            [i, int(k), v] for i, shot in zip(shots, linked, strict=True) for k, v in shot["tracks"].items()
+        ]
+    else:
+
+        def faces_of(index: int) -> tuple[ShotFaces | None, Path | None]:
+            r = by_index[index]
+            cfg_i = PipelineConfig.from_dict(shot_config(config, r.get("overrides")))
+            cache = faces_path(work_dir, index, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
+            made_from = faces_made_from(info, r["plan"]["start_frame"], r["plan"]["end_frame"], cfg_i)
+            saved = read_bound_json(cache, made_from, "face analysis") if cache.is_file() else None
+            return (None, None) if saved is None else (ShotFaces.from_dict(saved), cache)
+
+        spans = [(i, by_index[i]["plan"]["start_frame"], by_index[i]["plan"]["end_frame"]) for i in shots]
+        cast = plan_cast(info, spans, faces_of, PipelineConfig.from_dict(config))
+        faces = [
+            [i, int(k), v] for i in shots for k, v in (cast.shots.get(i) or {}).get("tracks", {}).items()
+        ]
+    cfg = PipelineConfig.from_dict(config)
+    voices: dict[str, Any] = {}
+    long_enough = [t for t in turns if (t[2] - t[1]) / float(info.fps) >= cfg.speaker.voice_min_s]
+    if len(turns) > 1 and long_enough and info.audio:
+        from model.speaker.voice_id import embed_many, load_voice_encoder  # torch: only for several turns
+
+        wavs = [source_samples(info, t[1], t[2]) for t in long_enough]
+        if all(w is not None for w in wavs):
+            emb = embed_many(load_voice_encoder(), wavs)
+            voices = {
+                f"{t[0]}:{t[1]}:{t[2]}": [round(float(v), 6) for v in e]
+                for t, e in zip(long_enough, emb, strict=True)
+            }
+    run_logger(log).info(
+        "review: %d face(s) of %d shot(s) in characters, %d turn voice(s)",
+        len(faces),
+        len(shots),
+        len(voices),
+    )
+    return {"faces": faces, "voices": voices}

@@ -25,7 +25,7 @@ from flows.group_liveness import group_lock_path
 from flows.groups import Group
 from flows.runtime import where_am_i
 from flows.shot_task import BackendSlot, dub_shot, failure_reason, prepare_one_shot, shot_qc
-from tasks.interrupts import check_stop
+from tasks.render.interrupts import check_stop
 from tasks.run.workspace import Workspace, log_group_load, mark_shot_failed, shot_done
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tasks.backends import BACKENDS, settings_hook
-from tasks.documents import load_yaml, parse_yaml
 from tasks.errors import ConfigError
+from tasks.files import load_yaml, parse_yaml
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 PREVIEW_PRESET = DEFAULT_CONFIG.with_name("preview.yaml")  # the --preview pass, over the run's config
@@ -415,7 +415,7 @@ def _build(cls: type, data: Any, where: str, prefix: str) -> Any:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    data = load_yaml(path, "config file")  # a regular file, bounded, no aliases (tasks/documents.py)
+    data = load_yaml(path, "config file")  # a regular file, bounded, no aliases (tasks/files.py)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -444,7 +444,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError("--set", f"{key!r}: expected section.key")
     try:
         value = parse_yaml(raw, "--set") if raw.strip() else ""
-    except ConfigError:  # not YAML (or an alias, never expanded: tasks/documents.py): the text itself
+    except ConfigError:  # not YAML (or an alias, never expanded: tasks/files.py): the text itself
         value = raw
     return parts, value
 

@@ -55,7 +55,7 @@ class OutputError(MediaError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by a signal (`tasks.interrupts`): what finished is kept, the same command resumes.
+    """A run stopped by a signal (`tasks.render.interrupts`): what finished is kept, the same command resumes.
 
     A KeyboardInterrupt, so every layer that cleans up after Ctrl-C (Prefect's engine, the chunk loop's
     pending writes, locks, ffmpeg children) does so for SIGTERM too."""

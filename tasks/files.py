@@ -33,6 +33,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tasks.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
@@ -335,3 +339,50 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# ------------------------------------------------------------------------------------- user documents
+# Documents a user hands in (config, cast and shot plan files, `--set` values), read one way, bounded: a
+# regular file (never waited on) of at most `MAX_DOCUMENT` bytes whose YAML may not use aliases (``*name``:
+# a few hundred bytes of nested aliases expand to millions of nodes in whatever walks the loaded value).
+# No dubflow document needs them. Errors are `ConfigError`, one line naming the file.
+
+MAX_DOCUMENT = 4 << 20  # a config, cast or plan file of a long film is tens of KB
+
+
+class _NoAliases(yaml.SafeLoader):
+    """The safe loader, refusing aliases (anchors alone are harmless)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(
+                f"aliases (*name) are not allowed in a dubflow document (line {mark.line + 1})"
+            )
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str | bytes, where: str | os.PathLike[str], what: str = "YAML") -> Any:
+    """`text` as YAML without aliases; ConfigError naming `where` when it is not."""
+    try:
+        return yaml.load(text, Loader=_NoAliases)
+    except yaml.YAMLError as ex:
+        raise ConfigError(where, f"invalid {what}: {' '.join(str(ex).split())}") from ex
+
+
+def read_document(path: str | os.PathLike[str], what: str = "file") -> bytes:
+    """The bytes of the document at `path`: a regular file of at most `MAX_DOCUMENT` bytes (ConfigError)."""
+    p = Path(path)
+    try:
+        return read_regular(p, MAX_DOCUMENT)
+    except FileNotFoundError as ex:
+        raise ConfigError(p, f"{what} not found") from ex
+    except NotRegular as ex:
+        raise ConfigError(p, f"cannot read the {what}: {ex}") from ex
+    except OSError as ex:
+        raise ConfigError(p, f"cannot read the {what} ({ex.strerror or ex})") from ex
+
+
+def load_yaml(path: str | os.PathLike[str], what: str = "file") -> Any:
+    """The YAML document at `path` (`read_document`, then `parse_yaml`)."""
+    return parse_yaml(read_document(path, what), path)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import Interrupted
-from tasks.interrupts import stop_on_signals, stop_requested
+from tasks.render.interrupts import stop_on_signals, stop_requested
 from tasks.render.overlap import run_chunks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,9 +28,8 @@ from tasks.config import PipelineConfig
 from tasks.decision.characters import Character, TrackFaces, display_name, link_characters, shot_characters
 from tasks.decision.overrides import ShotOverrides, dub_action
 from tasks.decision.stems import NAME, shot_speech
-from tasks.documents import load_yaml
 from tasks.errors import ConfigError
-from tasks.files import digest_of, head_tail_fingerprint, read_bound_json, write_bound_json
+from tasks.files import digest_of, head_tail_fingerprint, load_yaml, read_bound_json, write_bound_json
 from tasks.perception.face_analysis import ShotFaces
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ AUTO_ID = "c"  # automatic character ids: c1, c2, ...
 def read_cast_file(path: str | Path) -> dict[str, Any]:
     """The `cast:` updates of a cast file (relative still paths resolved against the file's folder)."""
     p = Path(path)
-    data = load_yaml(p, "cast file")  # a regular file, bounded, no aliases (tasks/documents.py)
+    data = load_yaml(p, "cast file")  # a regular file, bounded, no aliases (tasks/files.py)
     if not isinstance(data, dict):
         raise ConfigError(p, "a cast file is a mapping: characters: {NAME: [still, ...]}, undub: [NAME]")
     unknown = sorted(set(data) - set(CAST_KEYS))

@@ -25,8 +25,8 @@ import yaml
 
 from tasks.config import PipelineConfig
 from tasks.decision.overrides import region_overrides, turn_answers
-from tasks.documents import load_yaml
 from tasks.errors import ConfigError
+from tasks.files import load_yaml
 from tasks.media.deliver import write_delivered
 from tasks.timeline.shot_key import shot_config
 
@@ -118,7 +118,7 @@ def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
 def read_plan(path: str | Path) -> dict[int, dict[str, Any]]:
     """{shot index: (start_frame, end_frame) and the overrides set}; a bad file is a one-line ConfigError."""
     path = Path(path)
-    data = load_yaml(path, "shot plan")  # a regular file, bounded, no aliases (tasks/documents.py)
+    data = load_yaml(path, "shot plan")  # a regular file, bounded, no aliases (tasks/files.py)
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shots"), list):
         raise ConfigError(path, f"not a dubflow shot plan (expected format: {FORMAT} and a shots: list)")
     out: dict[int, dict[str, Any]] = {}

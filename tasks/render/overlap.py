@@ -15,7 +15,7 @@ owns the models), so the GPU goes from one chunk to the next without waiting for
     errors are logged); reads not yet started are dropped;
   * `on_done(item)` runs on the calling thread once the item's write has returned (progress callbacks
     stay on the caller's thread);
-  * a stop asked for by a signal (`tasks.interrupts.check_stop`) is honoured before each generation:
+  * a stop asked for by a signal (`tasks.render.interrupts.check_stop`) is honoured before each generation:
     the chunks generated so far are written, then `Interrupted` is raised (the next run resumes there).
 `overlap=False` runs the same three steps inline, one after the other: the reference the tests compare
 against (the same output bytes). Holds no knowledge of frames, files or models: the caller's functions do.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tasks.interrupts import check_stop
+from tasks.render.interrupts import check_stop
 
 log = logging.getLogger(__name__)
 
