@@ -24,40 +24,19 @@ from tasks.media.deliver import record_path, written_record
 from tasks.media.probe import probe
 from tasks.run.outputs import ROOTS_ENV
 from tests.media import decode_all, make_audio, make_clip
+from tests.test_trust import config, dub, film  # the same small films as round one
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def ws_dir(root: Path, stem: str) -> Path:
+    return next(p for p in root.iterdir() if p.name.startswith(f"{stem}-"))
 
 
 @pytest.fixture(autouse=True)
 def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
     monkeypatch.setenv("DUBFLOW_OUT_DIR", str(tmp_path / "out"))
-
-
-def config(tmp_path: Path, **extra) -> dict:
-    return {
-        "backend": {"name": "passthrough"},
-        "workspace": {"root": str(tmp_path / "ws")},
-        "plan": {"frame_num": 5, "motion_frames": 1},
-        "encode": {"preset": "veryfast"},
-        "qc": {"enabled": False},
-        **extra,
-    }
-
-
-def film(folder: Path, name: str = "film", lengths=(10, 10, 10), seed: int = 0) -> tuple[Path, Path]:
-    src = make_clip(folder / f"{name}.mp4", lengths, seed=seed)
-    return src, make_audio(folder / f"{name}-dub.wav", probe(src).video_duration_s)
-
-
-def dub(src: Path, audio: Path, out: Path, cfg: dict, **kw) -> str:
-    from flows.dub_film import dub_film_inline
-
-    return dub_film_inline(str(src), str(audio), str(out), config=cfg, **kw)
-
-
-def ws_dir(root: Path, stem: str) -> Path:
-    return next(p for p in root.iterdir() if p.name.startswith(f"{stem}-"))
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 240):
