@@ -53,6 +53,7 @@ FFMPEG_WHEEL = "imageio-ffmpeg==0.6.0"  # 29.5 MB wheel, one static ffmpeg 7 bin
 EXCLUDED = {
     "torch": "on the image (the CUDA build)",
     "opencv-python": "the image's opencv-python-headless provides the same cv2 (the full wheel is 60+ MB)",
+    "opencv-contrib-python": "mediapipe's requirement; its Face Landmarker runs on the image's headless cv2 (70+ MB)",
     "dlib-bin": "characters only (cast.identify auto without stems/stills/names: never used by the film run)",
     "face-recognition-models": "characters only; a 100 MB sdist",
     "optimum-quanto": "the official quantized DiT files only (infinitetalk.quant none)",
