@@ -17,8 +17,8 @@ from flows.film_tasks import (
 )
 from flows.progress import artifact_key, publish_summary
 from flows.run_report import write_run_report
+from tasks.backends import settings_hook
 from tasks.config import PipelineConfig
-from tasks.infinitetalk.tiny import TINY_BANNER, TINY_LABEL
 from tasks.render.shot import PREVIEW_LABEL
 from tasks.run.outputs import output_comment
 from tasks.run.workspace import (
@@ -76,10 +76,8 @@ def _run_notes(cfg: PipelineConfig) -> list[str]:
     notes = []
     if cfg.backend.name == "passthrough":
         notes.append("DRY RUN: passthrough backend, the film is NOT dubbed")
-    elif (
-        cfg.backend.name == "infinitetalk" and (cfg.sections.get("infinitetalk") or {}).get("weights") is None
-    ):
-        notes.append(f"{TINY_LABEL}: {TINY_BANNER}")
+    elif (hook := settings_hook(cfg.backend.name, "run_notes")) is not None:
+        notes += hook(cfg.sections)  # the backend's own (the tiny random model's label)
     if cfg.workspace.preview:
         notes.append("PREVIEW PASS (configs/preview.yaml): fast settings, not the final dub")
     return notes

@@ -11,8 +11,11 @@ the configured backend's own YAML sections) and:
 `effective_options(config)`: the plain config dict with the backend's own sections made effective
 (`backend.options` applied over them and cleared), as shot keys, the plan file and the CLI read them;
 `for_key=True` also leaves out what a shot key records otherwise (the weights, whose identity the
-`weights_identity` hook gives) and turns file paths into file identities. A backend without the hook keeps
-its options in `backend.options` and the config unchanged.
+`weights_identity` hook gives, and the options that never change pixels) and turns file paths into file
+identities. A backend without the hook keeps its options in `backend.options` and the config unchanged.
+
+`run_notes(sections)`: what a run's report must say about these settings (say, that no weights were given).
+Generic code never compares the configured name with a backend that owns options (tests/test_layering.py).
 """
 
 from __future__ import annotations

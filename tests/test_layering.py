@@ -116,3 +116,41 @@ def test_checker_sees_lazy_and_relative_upward_imports(tmp_path: Path) -> None:
         "tasks/media/probe.py:2 (media) imports tasks.render (render)",
         "tasks/media/probe.py:2 (media) imports tasks.render.shot (render)",
     ]
+
+
+def backend_name_checks(root: Path) -> list[str]:
+    """Places outside a backend's wing that compare a value with the name of a backend that owns options (a
+    settings module): generic code that knows one backend's options, what the hooks of `tasks.backends` are for.
+    The passthrough backend (the dry run, no options) may be named."""
+    from tasks.backends import BACKENDS
+
+    typed = {name for name, e in BACKENDS.items() if getattr(e, "settings", None)}
+    own = {f"tasks/{name}" for name in typed} | {"tasks/backends.py"}
+    found = []
+    for package in ("tasks", "flows"):
+        for path in _files(root, package):
+            rel = path.relative_to(root).as_posix()
+            if any(rel == o or rel.startswith(o + "/") for o in own):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Compare):
+                    consts = [c for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
+                    found += [f"{rel}:{node.lineno}" for c in consts if c.value in typed]
+    return found
+
+
+def test_generic_code_asks_the_backend_hooks() -> None:
+    assert not backend_name_checks(ROOT), "compare a backend's name outside its wing; use its settings hooks"
+
+
+def test_the_report_notes_come_from_the_backend() -> None:
+    """The tiny random model's label reaches a run's report through the backend's `run_notes` hook."""
+    from flows.delivery import _run_notes
+    from tasks.config import load_config
+    from tasks.infinitetalk.tiny import TINY_LABEL
+
+    tiny = load_config(None, ["backend.name=infinitetalk"])
+    real = load_config(None, ["backend.name=infinitetalk", "infinitetalk.weights=/models/InfiniteTalk"])
+    assert any(TINY_LABEL in n for n in _run_notes(tiny))
+    assert not any(TINY_LABEL in n for n in _run_notes(real))
+    assert any("DRY RUN" in n for n in _run_notes(load_config(None, ["backend.name=passthrough"])))

@@ -20,6 +20,9 @@ from tasks.errors import ConfigError
 
 SECTION = "infinitetalk"  # the YAML section of this backend's options
 PRESETS = "presets"  # the values `infinitetalk.preset` fills in
+# Options that never change a shot's pixels, left out of its key: sequence parallelism and block offload give
+# bit-identical outputs, profiling only adds device syncs, the load's warm-up throws its synthetic chunks away.
+NON_PIXEL = ("gpus_per_shot", "profile", "offload", "warm_up")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[
     backend["options"] = {}
     if for_key:
         section.pop("weights", None)
+        for key in NON_PIXEL:
+            section.pop(key, None)
         if not section.get("distilled"):
             section.pop("distilled", None)
         _drop_speed_defaults(section)
@@ -123,6 +128,15 @@ def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[
         ]
     config[SECTION] = section
     return config
+
+
+def run_notes(sections: dict[str, Any]) -> list[str]:
+    """What a run's report must say about these settings: a run without weights is the tiny random model."""
+    if (sections.get(SECTION) or {}).get("weights") is None:
+        from tasks.infinitetalk.tiny import TINY_BANNER, TINY_LABEL  # numpy only: no model code
+
+        return [f"{TINY_LABEL}: {TINY_BANNER}"]
+    return []
 
 
 def _drop_speed_defaults(section: dict[str, Any]) -> None:

@@ -46,18 +46,15 @@ RENDER_VERSION = 5  # bump when a change alters any shot's pixels (the pinned ti
 # 5: the learned route's sync-lead rules (a lone face, contradicted verdicts) change who some shots dub
 
 # Config that never changes a shot's pixels (output encoding, where files go, early checks, costs, fault
-# injection) or is run-level (probe, shot detection: the shot's range is in the key); sequence parallelism
-# and block offload give bit-identical outputs, profiling only adds device syncs, the load's warm-up throws
-# its synthetic chunks away (`infinitetalk.warm_up`), the overlapped chunk pipeline (`pipeline`) writes the
-# same bytes as the sequential loop. `gate.overrides` is reduced to the
+# injection) or is run-level (probe, shot detection: the shot's range is in the key); the overlapped chunk
+# pipeline (`pipeline`) writes the same bytes as the sequential loop; the backend's own such options are left
+# out by its `effective_options` hook (for_key). `gate.overrides` is reduced to the
 # shot's own entry by `shot_settings`, as the other per-shot gate maps are. Of `cast`, what links and names
 # characters reaches a shot only through its `cast.shot` (its tracks' characters and stems' speech, filled by
 # the planning), which stays.
 PER_SHOT_GATE = ("overrides", "speakers", "crops", "answers")  # {shot index: value} maps of the gate section
 NON_PIXEL_CONFIG = (
-    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline",
-    "infinitetalk.gpus_per_shot", "infinitetalk.profile", "infinitetalk.offload", "infinitetalk.warm_up",
-    "pipeline", "cast.characters", "cast.names", "cast.identify", "cast.link_distance", "cast.link_votes",
+    "encode", "workspace", "checks", "cost", "estimate", "debug", "probe", "shots", "timeline", "pipeline", "cast.characters", "cast.names", "cast.identify", "cast.link_distance", "cast.link_votes",
     "cast.samples", "review",
 )  # fmt: skip
 # `speaker` keys only the gate reads (the dub slice's speech, the uncertainty policy), not the face analysis
