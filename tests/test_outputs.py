@@ -35,17 +35,23 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_outputs_stay_under_the_roots_after_resolving(roots: Path, monkeypatch: pytest.MonkeyPatch):
     src = roots / "films" / "film.mp4"
     assert confine_output(roots / "films" / "a.mp4", src) == roots / "films" / "a.mp4"
-    assert confine_output(roots / "out" / "a.mp4", src).parent.is_dir()  # the out/ root itself is created
+    assert confine_output(roots / "out" / "a.mp4", src) == roots / "out" / "a.mp4"
+    assert not (roots / "out").exists()  # nothing created by the check (the output's claim makes it)
     for bad in (roots / "films" / "evil" / ".." / ".." / "escape.mp4", roots / "other" / "a.mp4"):
         with pytest.raises(OutputError, match=r"outside the output roots .*DUBFLOW_OUTPUT_ROOTS"):
             confine_output(bad, src)
     (roots / "films" / "link").symlink_to(roots / "other")  # a symlink inside a root leading out of it
     with pytest.raises(OutputError, match="outside the output roots"):
         confine_output(roots / "films" / "link" / "a.mp4", src)
-    assert confine_output(roots / "films" / "new" / "a.mp4", src).parent.is_dir()  # created (and logged)
+    assert (
+        confine_output(roots / "films" / "new" / "deeper" / "a.mp4", src).parent
+        == roots / "films" / "new" / "deeper"
+    )
+    assert not (roots / "films" / "new").exists()
     (roots / "films" / "file").write_bytes(b"")
-    with pytest.raises(OutputError, match="is not a folder"):
-        confine_output(roots / "films" / "file" / "a.mp4", src)
+    for under_a_file in (roots / "films" / "file" / "a.mp4", roots / "films" / "file" / "sub" / "a.mp4"):
+        with pytest.raises(OutputError, match="file is not a folder"):
+            confine_output(under_a_file, src)
     monkeypatch.setenv(ROOTS_ENV, f"{roots / 'other'}{os.pathsep}{roots / 'nowhere'}")
     assert confine_output(roots / "other" / "a.mp4", src) == roots / "other" / "a.mp4"
     with pytest.raises(OutputError, match="outside the output roots"):

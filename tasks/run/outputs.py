@@ -68,7 +68,8 @@ def output_tag(path: str | os.PathLike[str]) -> str | None:
 def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> Path:
     """The resolved output path, after checking it is under an output root and not a foreign file.
 
-    Raises OutputError (one line naming the path) before any work is done.
+    Raises OutputError (one line naming the path) before any work is done. Creates nothing: a missing
+    output folder is made when the output is claimed, so a run stopped by a bad input leaves no folder.
     """
     resolved = Path(out).expanduser().resolve()
     roots = output_roots(source)
@@ -79,11 +80,11 @@ def confine_output(out: str | os.PathLike[str], source: str | os.PathLike[str]) 
             f"resolves to {resolved}, outside the output roots ({allowed}); "
             f"set {ROOTS_ENV} on the host running the film flow to allow another folder",
         )
-    if not resolved.parent.is_dir():
-        if resolved.parent.exists():
-            raise OutputError(out, f"{resolved.parent} is not a folder")
-        log.info("creating the output folder %s (under the output root)", resolved.parent)
-        resolved.parent.mkdir(parents=True, exist_ok=True)
+    existing = next(p for p in resolved.parents if p.exists() or p.is_symlink())  # "/" at worst
+    if not existing.is_dir():
+        raise OutputError(out, f"{existing} is not a folder")
+    if existing != resolved.parent:  # made by the output's lock (`claim_output`), after the inputs are read
+        log.info("the output folder %s will be created (under the output root)", resolved.parent)
     if resolved.exists() or resolved.is_symlink():
         if resolved.is_symlink() or not resolved.is_file():
             raise OutputError(out, "exists and is not a regular file")
