@@ -33,6 +33,10 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # database there, and two workers must not share one (tests/scheduling.py)
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"dubflow-prefect-{worker}-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
+    # the cores shared out among the workers: each worker's torch / OpenMP threads (read when torch is first
+    # imported, after this), so that two workers on two cores do not run four spinning threads
+    share = (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
