@@ -19,6 +19,7 @@ from flows.film_tasks import (
     decide_speakers,
     dialogue_wav,
     find_shots,
+    judge_speakers,
     key_shots,
     load_dialogue,
     load_stems,
@@ -125,6 +126,13 @@ class FlowSteps:
     ) -> dict[str, Any]:  # fmt: skip
         args = (video, records, track, stems, self.cfgd, str(self._ws.path))
         return self.runner.call(plan_characters, *args, name=self.name)
+
+    def speakers(
+        self, video: dict[str, Any], records: list[dict[str, Any]], track: dict[str, Any]
+    ) -> dict[str, Any]:
+        return self.runner.call(
+            judge_speakers, video, records, track, self.cfgd, str(self._ws.path), name=self.name
+        )
 
     def keyed(
         self, records: list[dict[str, Any]], track: dict[str, Any], stems: dict[str, dict[str, Any]]

@@ -21,6 +21,7 @@ from flows.progress import artifact_key
 from flows.runtime import run_logger
 from tasks.config import PipelineConfig
 from tasks.decision.cast import film_cast
+from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans
 from tasks.decision.plan_file import plan_overrides
 from tasks.decision.review import uncertain_of
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
@@ -220,6 +221,31 @@ def plan_characters(
         "characters: %s", ", ".join(f"{c['name'] or c['id']} (shots {c['shots']})" for c in cast.characters)
     )
     return cast.to_dict()
+
+
+@task(task_run_name="film speakers {name}")
+def judge_speakers(
+    video: dict[str, Any], records: list[dict[str, Any]], dialogue: dict[str, Any], config: dict[str, Any],
+    work_dir: str, name: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """Who speaks, judged over the whole film (`tasks.decision.film_speakers`: every shot's face analysis,
+    cached in the run workspace; the content map calibrated on the film's confident single-face lines; voices
+    bound to characters): the changed shots' segments, which the planning puts into their `cast.shot`."""
+    info, track = VideoInfo.from_dict(video), DialogueTrack.from_dict(dialogue)
+    by_index = {r["index"]: r for r in records}
+
+    def cfg_of(index: int) -> PipelineConfig:
+        return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
+
+    verdict = film_speakers(
+        info, record_spans(records), lambda a, b: read_samples(track, a, b), track.sample_rate, cfg_of, work_dir,
+        cast_characters(records),
+    )  # fmt: skip
+    run_logger(log).info(
+        "film speakers: %d confident single-face line(s), map calibrated on %.1f s, voices bound %s, %d shot(s) changed",
+        verdict.lines, verdict.calibrated_s, list(verdict.bound) or "none", len(verdict.segments),
+    )  # fmt: skip
+    return verdict.to_dict()
 
 
 @task(task_run_name="mix {name}")

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 
 from tasks.config import PipelineConfig
 from tasks.decision.cast import CastPlan, cast_active, film_cast
+from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans, with_film_speakers
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tasks.media.audio import DialogueTrack, prepare_dialogue, read_samples, slice_bounds
 from tasks.media.probe import VideoInfo, probe
@@ -60,6 +61,9 @@ class FilmSteps(Protocol):
         self, video: dict[str, Any], records: list[dict[str, Any]], track: dict[str, Any],
         stems: dict[str, dict[str, Any]],
     ) -> dict[str, Any]: ...  # fmt: skip
+    def speakers(
+        self, video: dict[str, Any], records: list[dict[str, Any]], track: dict[str, Any]
+    ) -> dict[str, Any]: ...  # `tasks.decision.film_speakers.FilmVerdict.to_dict()`
     def keyed(
         self, records: list[dict[str, Any]], track: dict[str, Any], stems: dict[str, dict[str, Any]]
     ) -> list[dict[str, Any]]: ...  # the flow keys and verifies its workspace here, before the CPU analysis
@@ -84,7 +88,9 @@ def prepare_film(
     probe -> (open the work folder) -> shots -> dialogue (decode, length check) [-> stems] -> chunk plans
     with each shot's audio slice bounds; `through="plans"` stops there (`dubflow plan` JSON). Then the shot
     plan file's overrides (`plan`), and with `decide` (the backend gates shots): the cast (characters and
-    who speaks when, when linked) -> shot keys -> every shot's dub decision (record["decision"]).
+    who speaks when, when linked) -> the film's speakers (`speaker.film`: every shot analysed, judged again
+    with the film's calibrated content map and bound voices) -> shot keys -> every shot's dub decision
+    (record["decision"]).
     """
     video = steps.probe(source)
     steps.open(video)
@@ -103,6 +109,10 @@ def prepare_film(
     if decide and cast_active(cfg, stems):  # characters and who speaks when, before the keys
         cast = CastPlan(**steps.characters(video, records, track.to_dict(), stem_tracks))
         records = [{**r, "overrides": cast.overrides(r["index"], r.get("overrides"))} for r in records]
+    if decide and cfg.speaker.film != "off":  # who speaks, judged over the whole film (calibration, voices)
+        film = steps.speakers(video, records, track.to_dict())["segments"]
+        records = [{**r, "overrides": with_film_speakers(r.get("overrides"), film.get(str(r["index"])))}
+                   for r in records]  # fmt: skip
     records = steps.keyed(records, track.to_dict(), stem_tracks)
     if decide:  # who speaks where, on the CPU: GPU workers read the cached face analysis
         decisions = steps.decide(video, records, track.to_dict())
@@ -188,6 +198,23 @@ class LocalSteps:
             dialogue.sample_rate, mono, lambda _i: self.cfg, self.work_dir,
         )  # fmt: skip
         return cast.to_dict()
+
+    def speakers(
+        self, video: dict[str, Any], records: list[dict[str, Any]], track: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Who speaks over the whole film (`tasks.decision.film_speakers`), as `flows.film_tasks.judge_speakers`."""
+        dialogue = DialogueTrack.from_dict(track)
+        config = self.cfg.to_dict()
+        by_index = {r["index"]: r for r in records}
+
+        def cfg_of(index: int) -> PipelineConfig:
+            return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
+
+        verdict = film_speakers(
+            VideoInfo.from_dict(video), record_spans(records), lambda a, b: read_samples(dialogue, a, b),
+            dialogue.sample_rate, cfg_of, self.work_dir, cast_characters(records),
+        )  # fmt: skip
+        return verdict.to_dict()
 
     def keyed(
         self, records: list[dict[str, Any]], track: dict[str, Any], stems: dict[str, dict[str, Any]]

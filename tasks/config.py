@@ -216,6 +216,14 @@ class SpeakerConfig:
     content_lone: float  # a lone face fitting at least this says the speech, confidently
     content_min_s: float  # segments are scored over at least this much of the shot
     content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content
+    # the film-level verdict (tasks.decision.film_speakers): the content map calibrated on the film's confident
+    # single-face lines, every shot judged again with it, voices bound to characters
+    film: Literal["auto", "off"]  # auto: whenever shots are decided; off: each shot judged on its own
+    film_strength: float  # ridge strength of the calibration towards the shipped prior
+    film_min_s: float  # confident single-face speech needed before the map is calibrated
+    bind_min_lines: int  # confident lines a character needs before its voice is bound to it
+    bind_min_cos: float  # an uncertain line's voice this close (GE2E cosine) to a bound character's ...
+    bind_margin: float  # ... and this much closer than to any other bound character's: that character speaks
     uncertain: Literal["most_likely", "skip", "largest"]  # what an uncertain segment dubs
     min_score: float  # a speaker segment scoring below this counts as uncertain
     vad_threshold: float

@@ -29,10 +29,11 @@ from tasks.errors import ConfigError
 from tasks.files import head_tail_fingerprint, read_bound_json, write_bound_json
 from tasks.media.probe import VideoInfo
 from tasks.perception.face_analysis import ShotFaces, analyse_shot, source_speech
+from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.speech import SpeechInfo, detect_speech
 from tasks.perception.vad import at_frames, resample_to_vad, speech_probs
 from tasks.picture.region import RegionConfig
-from tasks.timeline.shot_key import faces_key
+from tasks.timeline.shot_key import GATE_ONLY_SPEAKER, faces_key
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ def _dub_digest(mono: np.ndarray) -> str:
 
 def faces_made_from(info: VideoInfo, start: int, end: int, cfg: PipelineConfig) -> dict[str, Any]:
     """What a shot's face analysis is made from: the film's content, the frames and the analysis settings
-    (its cache is bound to it: `tasks.files.write_bound_json`)."""
-    return {"film": head_tail_fingerprint(info.path), "frames": [start, end], "speaker": cfg.speaker}
+    (its cache is bound to it: `tasks.files.write_bound_json`); the gate's and the film step's own `speaker`
+    keys are left out (`GATE_ONLY_SPEAKER`: changing them re-decides, it does not re-analyse)."""
+    speaker = {k: v for k, v in dataclasses.asdict(cfg.speaker).items() if k not in GATE_ONLY_SPEAKER}
+    return {"film": head_tail_fingerprint(info.path), "frames": [start, end], "speaker": speaker}
 
 
 def _cached_faces(cache: Path, mono: np.ndarray, made_from: dict[str, Any]) -> ShotFaces | None:
@@ -128,7 +131,9 @@ def needed_faces(
                 cache is not None and faces_made_from(info, start, end, cfg) == made_from
             ):  # the film read is the one named
                 dub = None if faces.source_audio else _dub_digest(mono)
-                write_bound_json(cache, made_from, {**faces.to_dict(), "dub_audio": dub})
+                write_bound_json(
+                    cache, made_from, {**faces.to_dict(), "dub_audio": dub, "verdict": faces.verdict}
+                )
     elif cfg.region.mode == "full":
         faces = _no_faces(info, start, end)
     return speech, faces
@@ -152,6 +157,9 @@ def decide_shot(
     frame_hw = info.display_size[::-1]
     ov = shot_overrides(shot_index, cfg.gate, frame_hw)  # parsed once, checked before any analysis
     speech, faces = needed_faces(ov, start, end, info, audio, sample_rate, cfg, cache, planned=planned)
+    film = (cfg.cast.shot or {}).get("speakers")  # the film-level verdict (tasks.decision.film_speakers)
+    if faces is not None and film is not None:
+        faces = dataclasses.replace(faces, segments=tuple(SpeakerSegment.from_dict(s) for s in film))
     turns, why_not, names = cast_turns(faces, cfg)  # per-character stems / undubbed characters (stems.py)
     region = region_config(cfg)
     try:

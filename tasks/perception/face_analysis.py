@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import cv2
@@ -48,6 +48,7 @@ from tasks.perception.speaker import (
 from tasks.perception.tracks import Tracker, appearance
 from tasks.perception.vad import RATE, StreamingVad, at_frames
 from tasks.perception.verdict import VerdictInputs, asd_settings, speaker_settings, speaker_verdict
+from tasks.perception.verdict_record import VerdictRecord
 from tasks.perception.voices import VoicesOf
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,10 @@ class ShotFaces:
     # per track, the content fit (mouth shapes against the source audio's content, tasks.perception.content)
     # per step (None: absent, no speech); empty when the content route did not run
     content: tuple[tuple[float | None, ...], ...] = ()
+    # the verdict's inputs (`tasks.perception.verdict_record.VerdictRecord` JSON): kept in the planning's
+    # analysis cache so the film can judge the shot again (`tasks.decision.film_speakers`), never in `to_dict`
+    # (the decision's JSON stays small); None when no verdict stage ran
+    verdict: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def track(self, track_id: int) -> TrackInfo:
         return next(t for t in self.tracks if t.id == track_id)
@@ -175,7 +180,9 @@ class ShotFaces:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("verdict")
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShotFaces:
@@ -200,6 +207,7 @@ class ShotFaces:
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("agreement") or ()),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("asd") or ()),
             tuple(tuple(None if v is None else float(v) for v in row) for row in d.get("content") or ()),
+            d.get("verdict") if isinstance(d.get("verdict"), dict) else None,
         )  # fmt: skip
 
 
@@ -409,6 +417,7 @@ def analyse_frames(
         n_frames, fps, list(segments), change, speech_prob, scores, lead, evidence, voices
     )  # fmt: skip
     segments = speaker_verdict(inputs, cfg)
+    record = VerdictRecord.of(inputs).to_dict()
     still = still_tracks(change, settings)
     scale = (display_hw[1] / hw[1], display_hw[0] / hw[0])
     infos = tuple(
@@ -434,7 +443,7 @@ def analyse_frames(
     )
     return ShotFaces(
         n_frames, fps, display_hw, (int(hw[0]), int(hw[1])), True, infos, tuple(segments), speech_steps,
-        act_steps, step, round(time.process_time() - t0, 3), agree_rows, asd_rows, content_steps,
+        act_steps, step, round(time.process_time() - t0, 3), agree_rows, asd_rows, content_steps, record,
     )  # fmt: skip
 
 

@@ -65,6 +65,13 @@ GATE_ONLY_SPEAKER = (
     "vad_min_speech_s",
     "vad_min_silence_s",
     "vad_pad_s",
+    # the film-level verdict's keys: read after every shot's analysis (its result goes into cast.shot)
+    "film",
+    "film_strength",
+    "film_min_s",
+    "bind_min_lines",
+    "bind_min_cos",
+    "bind_margin",
 )
 LOCAL_REACH_S = 0.12  # the sampler's 5-frame audio window at 25 fps (+-0.08 s) + wav2vec2's 25 ms frame
 

@@ -1,0 +1,118 @@
+"""Who speaks in a multi-shot film, per dialogue turn, with and without the film-level verdict.
+
+The film is `tests/film_cases.py`'s (14 shots of 2 s, four recurring people, singles, two-shots of two talking
+faces, a speaker beside a still listener, reaction shots under off-screen voices; truth by construction).  It
+goes through the product's planning path (`flows.estimate.estimate_film`, what `dubflow estimate --json` runs:
+shots, the face analysis, the film step, the gate) once with `speaker.film: off` (each shot judged alone) and
+once with `auto` (calibration + voice binding), sharing one work folder so the analysis runs once.  Per turn
+(one per shot): right & confident, uncertain, wrong (a confident region on another face, or a speaking face
+missed, or a dub where nobody on screen speaks).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/film_speakers.py --work /tmp/film_speakers [--set speaker.KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.estimate import estimate_film
+from tasks.config import load_config
+from tests.film_cases import FILM, N, Shot, side_of, write_film
+from tests.speaker_cases import SR
+
+
+def judge_turn(shot: Shot, regions: list[dict[str, Any]]) -> tuple[str, str]:
+    """(right | uncertain | wrong, why) of one shot's turn from the estimate's regions of that shot."""
+    truth = shot.speaker_side()
+    if truth is None:
+        if not regions:
+            return "right", "nobody dubbed"
+        if all(r["status"] == "uncertain" for r in regions):
+            return "uncertain", "uncertain dub"
+        return "wrong", f"dubbed {side_of(regions[0]['box'], shot)} confidently"
+    if not regions:
+        return "wrong", "speaker missed (nothing dubbed)"
+    sure = [r for r in regions if r["status"] == "speaker"]
+    if any(side_of(r["box"], shot) != truth for r in sure):
+        return "wrong", "a confident region on another face"
+    covered = sum(r["end_frame"] - r["start_frame"] for r in sure)
+    if sure and covered >= 0.5 * N and all(r["status"] == "speaker" for r in regions):
+        return "right", f"{covered} frames on {truth}"
+    return "uncertain", ", ".join(f"{r['status']} {side_of(r['box'], shot)}" for r in regions)
+
+
+def run(source: Path, audio: Path, work: Path, updates: dict[str, Any]) -> tuple[list[tuple[str, str]], float]:
+    cfg = load_config(updates=updates)
+    t0 = time.process_time()
+    est = estimate_film(source, audio, cfg, work_dir=work)
+    cpu = time.process_time() - t0
+    out = []
+    for i, shot in enumerate(FILM):
+        s = next((e for e in est.shots if e.start_frame <= i * N < e.end_frame), None)
+        regs = [r for r in (s.regions if s is not None else ()) if i * N <= r["start_frame"] < (i + 1) * N]
+        out.append(judge_turn(shot, regs))
+    if len(est.shots) != len(FILM):
+        logging.warning("the shot detector found %d shots, the film has %d", len(est.shots), len(FILM))
+    return out, cpu
+
+
+def _value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("tasks.decision.film_speakers").setLevel(logging.INFO)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--set", action="append", default=[], help="speaker.KEY=VALUE for both runs")
+    ap.add_argument("--fresh", action="store_true", help="remove the work folder's analyses first")
+    args = ap.parse_args()
+    if args.fresh and args.work.exists():
+        shutil.rmtree(args.work)
+    args.work.mkdir(parents=True, exist_ok=True)
+    source = args.work / "film.mp4"
+    if not source.is_file():
+        write_film(source)
+    dub = args.work / "dub.wav"
+    if not dub.is_file():
+        import soundfile as sf
+
+        from tests.film_cases import voice
+
+        sf.write(dub, np.concatenate([voice(s.voice) for s in FILM]), SR, subtype="FLOAT")
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        key, _, val = item.partition("=")
+        section, _, name = key.partition(".")
+        extra.setdefault(section, {})[name] = _value(val)
+    results = {}
+    for mode in ("off", "auto"):
+        updates = {**extra, "speaker": {**extra.get("speaker", {}), "film": mode}}
+        turns, cpu = run(source, dub, args.work / "ws", updates)
+        results[mode] = turns
+        n = collections.Counter(v for v, _ in turns)
+        print(f"speaker.film {mode}: {n['right']} right / {n['uncertain']} uncertain / {n['wrong']} wrong "
+              f"of {len(turns)} turns ({cpu:.1f} CPU-s)")  # fmt: skip
+    print("\n| shot | kind | truth | film off | film auto |\n|---|---|---|---|---|")
+    for i, shot in enumerate(FILM):
+        truth = shot.voice[0] if shot.speaker_side() else f"none ({shot.voice[0]} off screen)"
+        a, b = results["off"][i], results["auto"][i]
+        print(f"| {i} | {shot.kind()} | {truth} | {a[0]} ({a[1]}) | {b[0]} ({b[1]}) |")
+
+
+if __name__ == "__main__":
+    main()
