@@ -75,18 +75,23 @@ def _moving(faces: ShotFaces, f0: int, f1: int) -> list[int]:
     return [t.id for t in faces.tracks if not t.still and t.start_frame < f1 and t.end_frame > f0]
 
 
-def _rhythm_names(record: VerdictRecord, seg: SpeakerSegment) -> bool:
-    """Whether the agreement (rhythm) route names ``seg``'s speaker over most of it."""
-    same = sum(
+def _rhythm_overlap(record: VerdictRecord, seg: SpeakerSegment, same: bool) -> int:
+    """Frames of ``seg`` the agreement (rhythm) route gives to its speaker (``same``) or to another face."""
+    return sum(
         max(0, min(a.end_frame, seg.end_frame) - max(a.start_frame, seg.start_frame))
         for a in record.agreed
-        if a.status == "speaker" and a.speaker == seg.speaker
+        if a.status == "speaker" and (a.speaker == seg.speaker) == same
     )
-    return same >= 0.5 * (seg.end_frame - seg.start_frame)
 
 
-def single_face_lines(shot: FilmShot, cmap: ContentMap, sp: SpeakerConfig) -> list[Line]:
-    """The shot's confident single-face lines (module docstring, 1.) judged with ``cmap``."""
+def confident_lines(
+    shot: FilmShot, cmap: ContentMap, sp: SpeakerConfig, *, single: bool = True
+) -> list[Line]:
+    """The shot's confident lines judged with ``cmap``: confident speaker segments whose lips fit the sound's
+    content.  ``single`` (the calibration's): one moving face on screen, named by the rhythm route over most of
+    the segment, fitting at least `content_lone`.  Otherwise (the voice binding's) also a segment beside other
+    faces whose speaker content picks out (at least `content_on`, `content_margin` ahead of every other face)
+    and the rhythm route names no other face."""
     if shot.audio is None or shot.record.shapes is None:
         return []
     inp = shot.record.inputs(shot.audio, cmap, None)
@@ -97,14 +102,26 @@ def single_face_lines(shot: FilmShot, cmap: ContentMap, sp: SpeakerConfig) -> li
     for seg in shot.faces.segments:
         if seg.status != "speaker" or seg.speaker is None:
             continue
-        if _moving(shot.faces, seg.start_frame, seg.end_frame) != [seg.speaker]:
+        n = seg.end_frame - seg.start_frame
+        alone = _moving(shot.faces, seg.start_frame, seg.end_frame) == [seg.speaker]
+        if single and (not alone or _rhythm_overlap(shot.record, seg, True) < 0.5 * n):
             continue
-        if not _rhythm_names(shot.record, seg):
+        if _rhythm_overlap(shot.record, seg, False) > 0:
             continue
-        fit = inp.content.scores(seg.start_frame, seg.end_frame, least)[seg.speaker]
-        if np.isfinite(fit) and fit >= cs.lone:
+        fits = inp.content.scores(seg.start_frame, seg.end_frame, least)
+        fit = fits[seg.speaker]
+        others = [float(v) for k, v in enumerate(fits) if k != seg.speaker and np.isfinite(v)]
+        if not np.isfinite(fit):
+            continue
+        sure = fit >= cs.lone if alone or not others else fit >= cs.on and fit - max(others) >= cs.margin
+        if sure:
             out.append(Line(shot.index, seg.start_frame, seg.end_frame, seg.speaker))
     return out
+
+
+def single_face_lines(shot: FilmShot, cmap: ContentMap, sp: SpeakerConfig) -> list[Line]:
+    """The shot's confident single-face lines (module docstring, 1.) judged with ``cmap``."""
+    return confident_lines(shot, cmap, sp, single=True)
 
 
 def calibration_pairs(shot: FilmShot, lines: Sequence[Line]) -> tuple[np.ndarray, np.ndarray]:
@@ -187,36 +204,48 @@ def bound_speaker(
     return tracks[0] if len(tracks) == 1 else None
 
 
+GAP_S = 0.5  # uncertain segments this close together are one line for the voice (a pause inside a line)
+
+
+def uncertain_runs(segments: Sequence[SpeakerSegment], gap: int) -> list[list[int]]:
+    """Indices of ``segments``' uncertain ones, grouped into runs whose segments lie at most ``gap`` frames apart."""
+    runs: list[list[int]] = []
+    for i, s in enumerate(segments):
+        if s.status != "uncertain":
+            continue
+        if runs and s.start_frame - segments[runs[-1][-1]].end_frame <= gap:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def apply_bindings(
     shot: FilmShot, segments: Sequence[SpeakerSegment], bound: Mapping[str, np.ndarray], sp: SpeakerConfig
 ) -> list[SpeakerSegment]:
-    """``segments`` with each uncertain one in a bound voice of a character on screen given to that character."""
-    least = round(sp.voice_min_s * shot.record.fps)
-    todo = [
-        s for s in segments
-        if s.status == "uncertain" and s.end_frame - s.start_frame >= least
-        and any(shot.characters.get(k) in bound for k in _moving(shot.faces, s.start_frame, s.end_frame))
-    ]  # fmt: skip
+    """``segments`` with each uncertain line (a run of uncertain segments, `uncertain_runs`, at least
+    `speaker.voice_min_s` long) in a bound voice of a character on screen given to that character."""
+    fps = shot.record.fps
+    least = round(sp.voice_min_s * fps)
+    out = list(segments)
+    todo = []
+    for run in uncertain_runs(out, round(GAP_S * fps)):
+        span = (out[run[0]].start_frame, out[run[-1]].end_frame)
+        if span[1] - span[0] >= least and any(
+            shot.characters.get(k) in bound for k in _moving(shot.faces, *span)
+        ):
+            todo.append((span, run))
     if not todo or shot.voices is None:
-        return list(segments)
-    emb = dict(
-        zip(
-            [(s.start_frame, s.end_frame) for s in todo],
-            shot.voices([(s.start_frame, s.end_frame) for s in todo]),
-            strict=True,
-        )
-    )
-    out = []
-    for s in segments:
-        key = (s.start_frame, s.end_frame)
-        if s in todo:
-            on = {k: shot.characters[k] for k in _moving(shot.faces, *key) if k in shot.characters}
-            who = bound_speaker(np.asarray(emb[key], np.float64), on, bound, sp)
-            if who is not None:
-                s = dataclasses.replace(
-                    s, status="speaker", speaker=who, runner_up=None, score=max(s.score, 0.6)
-                )
-        out.append(s)
+        return out
+    voices = shot.voices([span for span, _ in todo])  # (len(todo), D)
+    for (span, run), v in zip(todo, voices, strict=True):
+        on = {k: shot.characters[k] for k in _moving(shot.faces, *span) if k in shot.characters}
+        who = bound_speaker(np.asarray(v, np.float64), on, bound, sp)
+        if who is None:
+            continue
+        for i in run:
+            out[i] = dataclasses.replace(out[i], status="speaker", speaker=who, runner_up=None,
+                                         score=max(out[i].score, 0.6))  # fmt: skip
     return out
 
 
@@ -226,13 +255,14 @@ class FilmVerdict:
 
     segments: dict[int, list[dict[str, Any]]]  # shot index -> its segments (only shots that changed)
     calibrated_s: float  # confident single-face speech the map was calibrated on (0: the prior kept)
-    lines: int  # confident single-face lines found
+    lines: int  # confident single-face lines found (the calibration's)
+    voice_lines: int  # confident lines long enough for a voice (the binding's)
     bound: tuple[str, ...]  # characters whose voice was bound
     bound_lines: int  # uncertain segments given to a bound character
 
     def to_dict(self) -> dict[str, Any]:
         return {"segments": {str(k): v for k, v in self.segments.items()}, "calibrated_s": self.calibrated_s,
-                "lines": self.lines, "bound": list(self.bound), "bound_lines": self.bound_lines}  # fmt: skip
+                "lines": self.lines, "voice_lines": self.voice_lines, "bound": list(self.bound), "bound_lines": self.bound_lines}  # fmt: skip
 
 
 def judge_film(
@@ -243,28 +273,31 @@ def judge_film(
 ) -> FilmVerdict:
     """The film-level verdict (module docstring) over its analysed ``shots``; ``characters_of()``: {(shot,
     track): character id}, asked for only when a binding could change something (face embeddings cost)."""
-    lines = [ln for s in shots for ln in single_face_lines(s, prior, sp)]
-    cmap, n = calibrate(prior, shots, lines, sp)
+    singles = [ln for s in shots for ln in single_face_lines(s, prior, sp)]
+    cmap, n = calibrate(prior, shots, singles, sp)
     new: dict[int, list[SpeakerSegment]] = {}
     for s in shots:
         new[s.index] = rejudge(s, cmap, sp) if cmap is not None else list(s.faces.segments)
     fps = shots[0].record.fps if shots else 25.0
-    if cmap is not None:  # the lines again, with the film's own map (more of them may now be confident)
-        lines = [
-            ln
-            for s in shots
-            for ln in single_face_lines(
-                dataclasses.replace(s, faces=dataclasses.replace(s.faces, segments=tuple(new[s.index]))),
-                cmap,
-                sp,
-            )
-        ]
+    # the voice binding's lines: confident lines beside other faces too, judged with the film's own map
+    judged = cmap if cmap is not None else prior
+    lines = [
+        ln
+        for s in shots
+        for ln in confident_lines(
+            dataclasses.replace(s, faces=dataclasses.replace(s.faces, segments=tuple(new[s.index]))),
+            judged,
+            sp,
+            single=False,
+        )
+    ]
     least = round(sp.voice_min_s * fps)
     long_lines = [ln for ln in lines if ln.end - ln.start >= least]
+    gap = round(GAP_S * fps)
     wanted = any(
-        seg.status == "uncertain" and seg.end_frame - seg.start_frame >= least
+        v[r[-1]].end_frame - v[r[0]].start_frame >= least
         for v in new.values()
-        for seg in v
+        for r in uncertain_runs(v, gap)
     )
     bound: dict[str, np.ndarray] = {}
     bound_lines = 0
@@ -288,8 +321,9 @@ def judge_film(
         if tuple(new[s.index]) != tuple(s.faces.segments)
     }
     return FilmVerdict(
-        changed, round(n / fps, 2) if cmap is not None else 0.0, len(lines), tuple(sorted(bound)), bound_lines
-    )
+        changed, round(n / fps, 2) if cmap is not None else 0.0, len(singles), len(long_lines),
+        tuple(sorted(bound)), bound_lines,
+    )  # fmt: skip
 
 
 def with_film_speakers(
@@ -384,9 +418,9 @@ def film_speakers(
 
     verdict = judge_film(film, cfg.speaker, load_prior(), characters_of)
     log.info(
-        "film verdict: %d confident single-face line(s), map calibrated on %.1f s; voices bound: %s (%d line(s)); "
-        "%d shot(s) changed", verdict.lines, verdict.calibrated_s, list(verdict.bound) or "none", verdict.bound_lines,
-        len(verdict.segments),
+        "film verdict: %d confident single-face line(s), map calibrated on %.1f s; %d confident voice line(s), "
+        "voices bound: %s (%d uncertain line(s) given); %d shot(s) changed", verdict.lines, verdict.calibrated_s,
+        verdict.voice_lines, list(verdict.bound) or "none", verdict.bound_lines, len(verdict.segments),
     )  # fmt: skip
     return verdict
 
@@ -406,6 +440,7 @@ __all__ = [
     "record_spans",
     "rejudge",
     "single_face_lines",
+    "uncertain_runs",
     "with_film_speakers",
 ]
 
