@@ -12,9 +12,10 @@ frames.  Once every shot is analysed, the film knows more:
    its kept inputs (`tasks.perception.verdict_record.VerdictRecord`; no frame decoded, MediaPipe not re-run).
 2. **Voice binding.** A character (`tasks.decision.characters`: face identity across shots) with at least
    `speaker.bind_min_lines` confident lines whose GE2E voices agree (each >= `bind_min_cos` to their mean) has
-   that voice bound to it.  An uncertain segment whose voice is that character's (cosine >= `bind_min_cos`,
+   that voice bound to it.  An uncertain line whose voice is that character's (cosine >= `bind_min_cos`,
    `bind_margin` ahead of every other bound voice), with the character's face moving on screen, is that
-   character's line, confidently.  Nothing else is changed: a segment named "none" stays none.
+   character's line, confidently; so is a line named "none" when that face is the only one on screen and its
+   lips fit the content (`apply_bindings`).  Confident segments are never changed by a voice.
 
 The result is each changed shot's segments (`FilmVerdict.segments`), which the planning puts into the shot's
 `cast.shot.speakers` (config, hence part of the shot's result key) and `decide_shot` reads instead of the
@@ -207,11 +208,11 @@ def bound_speaker(
 GAP_S = 0.5  # uncertain segments this close together are one line for the voice (a pause inside a line)
 
 
-def uncertain_runs(segments: Sequence[SpeakerSegment], gap: int) -> list[list[int]]:
-    """Indices of ``segments``' uncertain ones, grouped into runs whose segments lie at most ``gap`` frames apart."""
+def runs_of(segments: Sequence[SpeakerSegment], status: str, gap: int) -> list[list[int]]:
+    """Indices of ``segments`` of ``status``, grouped into runs whose segments lie at most ``gap`` frames apart."""
     runs: list[list[int]] = []
     for i, s in enumerate(segments):
-        if s.status != "uncertain":
+        if s.status != status:
             continue
         if runs and s.start_frame - segments[runs[-1][-1]].end_frame <= gap:
             runs[-1].append(i)
@@ -220,29 +221,57 @@ def uncertain_runs(segments: Sequence[SpeakerSegment], gap: int) -> list[list[in
     return runs
 
 
+def _candidates(
+    shot: FilmShot, segments: Sequence[SpeakerSegment], bound: Mapping[str, Any], least: int
+) -> list[tuple[tuple[int, int], list[int]]]:
+    """(span, segment indices) of the lines a bound voice may settle: uncertain runs with a bound character
+    on screen, and "none" runs with exactly one moving face on screen, of a bound character."""
+    gap = round(GAP_S * shot.record.fps)
+    out = []
+    for status in ("uncertain", "none"):
+        for run in runs_of(segments, status, gap):
+            span = (segments[run[0]].start_frame, segments[run[-1]].end_frame)
+            moving = _moving(shot.faces, *span)
+            if span[1] - span[0] < least or not any(shot.characters.get(k) in bound for k in moving):
+                continue
+            if status == "none" and len(moving) != 1:
+                continue
+            out.append((span, run))
+    return out
+
+
 def apply_bindings(
-    shot: FilmShot, segments: Sequence[SpeakerSegment], bound: Mapping[str, np.ndarray], sp: SpeakerConfig
+    shot: FilmShot,
+    segments: Sequence[SpeakerSegment],
+    bound: Mapping[str, np.ndarray],
+    sp: SpeakerConfig,
+    cmap: ContentMap | None = None,
 ) -> list[SpeakerSegment]:
-    """``segments`` with each uncertain line (a run of uncertain segments, `uncertain_runs`, at least
-    `speaker.voice_min_s` long) in a bound voice of a character on screen given to that character."""
+    """``segments`` with each uncertain line (a run of uncertain segments at most `GAP_S` apart, at least
+    `speaker.voice_min_s` long) in the bound voice of a character on screen given to that character; and each
+    such "none" line too when that character's face is the only one on screen and its lips fit the sound's
+    content (at least `speaker.content_lone` with ``cmap``): the voice and the lips both say it is theirs (a
+    voice-over of a character seen listening keeps "none": its lips do not say the words)."""
     fps = shot.record.fps
-    least = round(sp.voice_min_s * fps)
     out = list(segments)
-    todo = []
-    for run in uncertain_runs(out, round(GAP_S * fps)):
-        span = (out[run[0]].start_frame, out[run[-1]].end_frame)
-        if span[1] - span[0] >= least and any(
-            shot.characters.get(k) in bound for k in _moving(shot.faces, *span)
-        ):
-            todo.append((span, run))
+    todo = _candidates(shot, out, bound, round(sp.voice_min_s * fps))
     if not todo or shot.voices is None:
         return out
+    content = None
+    if cmap is not None and any(out[run[0]].status == "none" for _, run in todo):
+        content = shot.record.inputs(shot.audio, cmap, None).content
     voices = shot.voices([span for span, _ in todo])  # (len(todo), D)
     for (span, run), v in zip(todo, voices, strict=True):
         on = {k: shot.characters[k] for k in _moving(shot.faces, *span) if k in shot.characters}
         who = bound_speaker(np.asarray(v, np.float64), on, bound, sp)
         if who is None:
             continue
+        if out[run[0]].status == "none":
+            if content is None:
+                continue
+            fit = content.scores(span[0], span[1], round(sp.content_min_s * fps))[who]
+            if not (np.isfinite(fit) and fit >= sp.content_lone):
+                continue
         for i in run:
             out[i] = dataclasses.replace(out[i], status="speaker", speaker=who, runner_up=None,
                                          score=max(out[i].score, 0.6))  # fmt: skip
@@ -297,7 +326,8 @@ def judge_film(
     wanted = any(
         v[r[-1]].end_frame - v[r[0]].start_frame >= least
         for v in new.values()
-        for r in uncertain_runs(v, gap)
+        for status in ("uncertain", "none")
+        for r in runs_of(v, status, gap)
     )
     bound: dict[str, np.ndarray] = {}
     bound_lines = 0
@@ -313,7 +343,7 @@ def judge_film(
         for s in shots:
             s.characters = {k: ch for (i, k), ch in chars.items() if i == s.index}
             before = new[s.index]
-            new[s.index] = apply_bindings(s, before, bound, sp)
+            new[s.index] = apply_bindings(s, before, bound, sp, judged)
             bound_lines += sum(a != b for a, b in zip(before, new[s.index], strict=True))
     changed = {
         s.index: [seg.to_dict() for seg in new[s.index]]
@@ -440,7 +470,7 @@ __all__ = [
     "record_spans",
     "rejudge",
     "single_face_lines",
-    "uncertain_runs",
+    "runs_of",
     "with_film_speakers",
 ]
 
