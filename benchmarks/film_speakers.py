@@ -113,19 +113,26 @@ def main() -> None:
         key, _, val = item.partition("=")
         section, _, name = key.partition(".")
         extra.setdefault(section, {})[name] = _value(val)
+    modes = {  # the film step in full, and each half alone
+        "off": {"film": "off"},
+        "calibration only": {"film": "auto", "bind_min_lines": 10**6},
+        "binding only": {"film": "auto", "film_min_s": 1e9},
+        "auto": {"film": "auto"},
+    }
     results = {}
-    for mode in ("off", "auto"):
-        updates = {**extra, "speaker": {**extra.get("speaker", {}), "film": mode}}
+    for mode, keys in modes.items():
+        updates = {**extra, "speaker": {**extra.get("speaker", {}), **keys}}
         turns, cpu = run(source, dub, args.work / "ws", updates, args.cast)
         results[mode] = turns
         n = collections.Counter(v for v, _ in turns)
-        print(f"speaker.film {mode}: {n['right']} right / {n['uncertain']} uncertain / {n['wrong']} wrong / "
+        print(f"{mode}: {n['right']} right / {n['uncertain']} uncertain / {n['wrong']} wrong / "
               f"{n['missed']} partly missed of {len(turns)} turns ({cpu:.1f} CPU-s)")  # fmt: skip
-    print("\n| shot | kind | truth | film off | film auto |\n|---|---|---|---|---|")
+    print("\n| shot | kind | truth | " + " | ".join(f"film {m}" for m in modes) + " |")
+    print("|---|---|---|" + "---|" * len(modes))
     for i, shot in enumerate(FILM):
         truth = shot.voice[0] if shot.speaker_side() else f"none ({shot.voice[0]} off screen)"
-        a, b = results["off"][i], results["auto"][i]
-        print(f"| {i} | {shot.kind()} | {truth} | {a[0]} ({a[1]}) | {b[0]} ({b[1]}) |")
+        cells = " | ".join(f"{results[m][i][0]} ({results[m][i][1]})" for m in modes)
+        print(f"| {i} | {shot.kind()} | {truth} | {cells} |")
 
 
 if __name__ == "__main__":

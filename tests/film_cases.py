@@ -12,7 +12,7 @@ Every shot is 2 s (50 frames) on its own background grey (the shot detector cuts
 
 `FILM` lists the shots; `write_film` encodes the film (its audio is the dialogue: a dub track with the same
 timing), `truth` gives per shot the speaking person and where their face is ("left", "right", "centre").
-`short_film` is the first shots, for tests.
+`write_film(..., picks=...)` writes a few of the shots (as they are in the whole film), for tests.
 """
 
 from __future__ import annotations
@@ -114,9 +114,14 @@ def film_audio(shots: tuple[Shot, ...] = FILM, cast: str = "a") -> np.ndarray:
     return np.concatenate([voice(s.voice, cast) for s in shots])
 
 
-def write_film(path: Path, shots: tuple[Shot, ...] = FILM, cast: str = "a") -> Path:
-    """The film of ``shots`` (played by ``cast``) encoded at ``path`` (H.264 + AAC)."""
-    frames = np.concatenate([shot_frames(s, GREYS[i % len(GREYS)], cast) for i, s in enumerate(shots)])
+def write_film(
+    path: Path, shots: tuple[Shot, ...] = FILM, cast: str = "a", picks: tuple[int, ...] | None = None
+) -> Path:
+    """The film of ``shots`` (played by ``cast``) encoded at ``path`` (H.264 + AAC); ``picks``: only these shots
+    of ``shots``, each on its own background as in the whole film."""
+    picks = tuple(range(len(shots))) if picks is None else picks
+    frames = np.concatenate([shot_frames(shots[i], GREYS[i % len(GREYS)], cast) for i in picks])
+    shots = tuple(shots[i] for i in picks)
     audio = film_audio(shots, cast)
     return encode(path, frames, audio)
 
@@ -128,10 +133,6 @@ def side_of(box: list[int] | tuple[int, ...], shot: Shot) -> str:
     return "left" if (box[0] + box[2]) / 2 < SIZE[1] / 2 else "right"
 
 
-def short_film(shots: int = 4) -> tuple[Shot, ...]:
-    return FILM[:shots]
-
-
 __all__ = [
     "CASTS",
     "FILM",
@@ -140,7 +141,6 @@ __all__ = [
     "Shot",
     "face",
     "film_audio",
-    "short_film",
     "side_of",
     "voice",
     "write_film",

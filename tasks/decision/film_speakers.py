@@ -11,7 +11,7 @@ frames.  Once every shot is analysed, the film knows more:
    (`ContentMap.calibrated`, ridge strength `speaker.film_strength`), and every shot's verdict is run again from
    its kept inputs (`tasks.perception.verdict_record.VerdictRecord`; no frame decoded, MediaPipe not re-run).
 2. **Voice binding.** A character (`tasks.decision.characters`: face identity across shots) with at least
-   `speaker.bind_min_lines` confident lines whose GE2E voices agree (each >= `bind_min_cos` to their mean) has
+   `speaker.bind_min_lines` confident lines whose GE2E voices agree (every two >= `voice_min_cos`) has
    that voice bound to it.  An uncertain line whose voice is that character's (cosine >= `bind_min_cos`,
    `bind_margin` ahead of every other bound voice), with the character's face moving on screen, is that
    character's line, confidently; so is a line named "none" when that face is the only one on screen and its
@@ -172,7 +172,8 @@ def bind_voices(
     character: Mapping[tuple[int, int], str],
     sp: SpeakerConfig,
 ) -> dict[str, np.ndarray]:
-    """{character: unit voice} of the characters with `bind_min_lines` confident lines whose voices agree."""
+    """{character: unit voice (the mean)} of the characters with `bind_min_lines` confident lines whose voices
+    agree (every two at least `speaker.voice_min_cos`, the bar of `tasks.perception.voices`)."""
     groups: dict[str, list[np.ndarray]] = {}
     for ln in lines:
         ch = character.get((ln.shot, ln.track))
@@ -184,7 +185,8 @@ def bind_voices(
             continue
         mean = np.mean(vs, axis=0)
         mean /= max(float(np.linalg.norm(mean)), 1e-9)
-        if min(float(v @ mean) for v in vs) >= sp.bind_min_cos:  # one voice, not two people under one face id
+        pairs = [float(a @ b) for i, a in enumerate(vs) for b in vs[i + 1 :]]
+        if min(pairs) >= sp.voice_min_cos:  # one voice (the voice rule's bar), not two people under one face id
             out[ch] = mean
     return out
 
