@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +74,11 @@ def _turns(source: Path, dub: Path, work: Path, **speaker) -> list[list[tuple[st
     ]
 
 
-def test_the_film_step_settles_a_line_by_its_bound_voice(film) -> None:
+def test_the_film_step_settles_a_line_by_its_bound_voice(film, caplog) -> None:
     """Judged alone the two-shot's line is uncertain; with the film step BEN's face (right) says it, confidently,
-    and every other turn is as it was: the singles right, the narrator's line over the listener dubbed nowhere."""
+    and every other turn is as it was: the singles right, the narrator's line over the listener dubbed nowhere.
+    With the calibration let in on this little speech (`film_min_s` 1 s; 20 s by default), the map is calibrated
+    on the film's single-face line and every shot judged again with it: the same turns."""
     source, dub, work = film
     alone = _turns(source, dub, work, film="off")
     assert alone[0] and all(t == ("speaker", "centre") for t in alone[0])
@@ -84,6 +88,11 @@ def test_the_film_step_settles_a_line_by_its_bound_voice(film) -> None:
     whole = _turns(source, dub, work, film="auto")
     assert whole[:3] == alone[:3]
     assert whole[3] and all(t == ("speaker", "right") for t in whole[3]), whole[3]
+    caplog.set_level(logging.INFO, logger="tasks.decision.film_speakers")
+    calibrated = _turns(source, dub, work, film="auto", film_min_s=1.0)
+    seconds = [float(m) for m in re.findall(r"map calibrated on ([0-9.]+) s", caplog.text)]
+    assert seconds and seconds[-1] > 1.0, caplog.text
+    assert calibrated == whole
 
 
 def test_the_kept_inputs_judge_each_shot_as_analysed(film) -> None:
