@@ -186,7 +186,9 @@ def bind_voices(
         mean = np.mean(vs, axis=0)
         mean /= max(float(np.linalg.norm(mean)), 1e-9)
         pairs = [float(a @ b) for i, a in enumerate(vs) for b in vs[i + 1 :]]
-        if min(pairs) >= sp.voice_min_cos:  # one voice (the voice rule's bar), not two people under one face id
+        if (
+            not pairs or min(pairs) >= sp.voice_min_cos
+        ):  # one voice (the voice rule's bar), not two people under one face id
             out[ch] = mean
     return out
 
@@ -300,10 +302,11 @@ def judge_film(
     shots: Sequence[FilmShot],
     sp: SpeakerConfig,
     prior: ContentMap,
-    characters_of: Callable[[], Mapping[tuple[int, int], str]] | None = None,
+    characters_of: Callable[[Sequence[int]], Mapping[tuple[int, int], str]] | None = None,
 ) -> FilmVerdict:
-    """The film-level verdict (module docstring) over its analysed ``shots``; ``characters_of()``: {(shot,
-    track): character id}, asked for only when a binding could change something (face embeddings cost)."""
+    """The film-level verdict (module docstring) over its analysed ``shots``; ``characters_of(indices)``:
+    {(shot, track): character id} over those shots at least, asked for only when a binding could change
+    something and only for the shots with confident voice lines or lines to settle (face embeddings cost)."""
     singles = [ln for s in shots for ln in single_face_lines(s, prior, sp)]
     cmap, n = calibrate(prior, shots, singles, sp)
     new: dict[int, list[SpeakerSegment]] = {}
@@ -325,16 +328,16 @@ def judge_film(
     least = round(sp.voice_min_s * fps)
     long_lines = [ln for ln in lines if ln.end - ln.start >= least]
     gap = round(GAP_S * fps)
-    wanted = any(
-        v[r[-1]].end_frame - v[r[0]].start_frame >= least
-        for v in new.values()
-        for status in ("uncertain", "none")
-        for r in runs_of(v, status, gap)
-    )
+    open_shots = {  # shots with a line a bound voice could settle (a face on screen)
+        i for i, v in new.items()
+        for status in ("uncertain", "none") for r in runs_of(v, status, gap)
+        if v[r[-1]].end_frame - v[r[0]].start_frame >= least
+        and _moving(next(s for s in shots if s.index == i).faces, v[r[0]].start_frame, v[r[-1]].end_frame)
+    }  # fmt: skip
     bound: dict[str, np.ndarray] = {}
     bound_lines = 0
-    if characters_of is not None and wanted and len(long_lines) >= sp.bind_min_lines:
-        chars = characters_of()
+    if characters_of is not None and open_shots and len(long_lines) >= sp.bind_min_lines:
+        chars = characters_of(sorted(open_shots | {ln.shot for ln in long_lines}))
         by_shot = {s.index: s for s in shots}
         voice: dict[Line, np.ndarray] = {}
         for i in sorted({ln.shot for ln in long_lines}):
@@ -437,11 +440,11 @@ def film_speakers(
             FilmShot(index, faces, record, samples, voices=None if samples is None else _voices(samples, fps))
         )
 
-    def characters_of() -> Mapping[tuple[int, int], str]:
+    def characters_of(wanted: Sequence[int]) -> Mapping[tuple[int, int], str]:
         if characters:
             return characters
-        cast = plan_cast(info, [(i, s, e) for i, (s, e, _) in spans.items() if caches[i][0] is not None],
-                         lambda i: caches[i], cfg)  # fmt: skip
+        picked = [(i, s, e) for i, (s, e, _) in spans.items() if i in wanted and caches[i][0] is not None]
+        cast = plan_cast(info, picked, lambda i: caches[i], cfg)
         return {
             (int(i), int(k)): ch
             for i, shot in cast.shots.items()
