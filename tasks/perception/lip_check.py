@@ -6,10 +6,6 @@ nearest to the box the decision dubbed, found by the project's detector) gets it
 (`tasks.perception.mouth_shapes`), the dub's speech its audio features, and the shot a score: the fit over the
 dub's speech at the best lag (`fit_score`).  A face never found, too little speech, or a fit below ``min_fit``
 flags the shot for review: a dub whose lips do not say its words (TINY RANDOM WEIGHTS always do not).
-The map may be the dubbed face's own (`face_map`): the prior calibrated on that face's mouth shapes against the
-*source's* sound where the source analysis named it the speaker (its own articulation, as the film's calibration
-does for speakers); a weak articulator's own words then fit above the bar more often, while other words fit no
-better (benchmarks/RESULTS.md, `benchmarks/content_calibration.py --lips`).
 Pure apart from the models it runs; frames come in as RGB arrays.
 """
 
@@ -23,11 +19,9 @@ import numpy as np
 from tasks.perception.content import ContentMap, audio_features, fit_score, load_prior, track_shapes
 from tasks.perception.faces import FaceDetector
 from tasks.perception.mouth_shapes import MouthShapes
-from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.vad import RATE, StreamingVad, at_frames
 
 MIN_SPEECH_FRAMES = 25  # less dub speech than this (1 s at 25 fps): nothing to check, flagged
-FACE_MIN_FRAMES = 50  # the face's own source speech needed before the map is calibrated on it (2 s at 25 fps)
 
 
 @dataclass(frozen=True)
@@ -42,32 +36,6 @@ class LipCheck:
     def to_dict(self) -> dict[str, object]:
         return {"lip_fit": self.fit, "lip_measured": round(self.measured, 2), "lip_flag": self.flagged,
                 "lip_why": self.why}  # fmt: skip
-
-
-def face_map(
-    prior: ContentMap,
-    shapes: np.ndarray,
-    source_audio: np.ndarray,
-    speech: np.ndarray,
-    segments: Iterable[SpeakerSegment],
-    track: int,
-    fps: float,
-    strength: float,
-) -> ContentMap | None:
-    """``prior`` calibrated (ridge towards it, ``strength``) on one face's own source pairs: its mouth shapes
-    ``shapes`` (n_tracks, T, F; z-scored per track, the source analysis's) against ``source_audio`` (mono at RATE
-    from the shot's first frame) over the source speech frames (``speech`` (T,) bool) of the ``segments`` that
-    name ``track`` the speaker, confidently; None with fewer than `FACE_MIN_FRAMES` such frames."""
-    n = shapes.shape[1]
-    sel = np.zeros(n, bool)
-    for seg in segments:
-        if seg.status == "speaker" and seg.speaker == track:
-            sel[seg.start_frame : seg.end_frame] = True
-    sel &= np.asarray(speech[:n], bool) & np.isfinite(shapes[track]).all(axis=1)
-    if sel.sum() < FACE_MIN_FRAMES:
-        return None
-    feats = audio_features(np.asarray(source_audio, np.float32), RATE, n, fps)
-    return prior.calibrated(feats[sel], shapes[track][sel], strength)
 
 
 def _nearest(faces: list, box: np.ndarray) -> np.ndarray | None:
@@ -132,4 +100,4 @@ def lip_check(
     return LipCheck(fit, measured, False, "the lips follow the dub's words")
 
 
-__all__ = ["FACE_MIN_FRAMES", "LipCheck", "face_map", "lip_check"]
+__all__ = ["LipCheck", "lip_check"]

@@ -51,7 +51,6 @@ from tasks.media.frames import (
 )
 from tasks.media.intermediates import clean_temps, read_marker, record_written, write_marker
 from tasks.media.probe import VideoInfo
-from tasks.perception.verdict_record import VerdictRecord
 from tasks.picture.color import match_and_blend
 from tasks.picture.geometry import ModelGeometry
 from tasks.render.backend import ChunkInput, ShotContext, get_backend
@@ -185,29 +184,8 @@ def write_job_qc(job: ShotJob | dict[str, Any]) -> dict[str, Any]:
     return write_shot_qc(
         info, plan, Path(job.out_path), context.work_dir / "qc", read_samples(track, *job.audio_range),
         track.sample_rate, cfg.qc.height, title=title, decision=kept_decision(Path(job.out_path)),
-        lip_min_fit=cfg.qc.lip_min_fit, record=kept_record(context.work_dir, info, plan, cfg),
-        face_strength=cfg.speaker.film_strength,
+        lip_min_fit=cfg.qc.lip_min_fit,
     )  # fmt: skip
-
-
-def kept_record(work_dir: Path, info: VideoInfo, plan: ShotPlan, cfg: PipelineConfig) -> VerdictRecord | None:
-    """The shot's verdict inputs kept with the planning's face analysis (the output check calibrates its map on
-    the dubbed face's source lines); None when there is none (no analysis, an older cache, no content route)."""
-    from tasks.decision.shot_decision import faces_made_from, faces_path
-    from tasks.files import read_bound_json
-
-    cache = faces_path(work_dir, plan.shot_index, plan.start_frame, plan.end_frame, cfg)
-    if not cache.is_file():
-        return None
-    saved = read_bound_json(
-        cache, faces_made_from(info, plan.start_frame, plan.end_frame, cfg), "face analysis"
-    )
-    record = saved.get("verdict") if isinstance(saved, dict) else None
-    try:
-        return None if record is None else VerdictRecord.from_dict(record)
-    except (KeyError, TypeError, ValueError) as exc:
-        log.warning("%s: verdict record unreadable (%s): the output check uses the prior", cache, exc)
-        return None
 
 
 def _context(job: ShotJob, info: VideoInfo, track: DialogueTrack, cfg: PipelineConfig) -> ShotContext:

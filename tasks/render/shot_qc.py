@@ -20,11 +20,9 @@ from tasks.decision.record import ShotDecision
 from tasks.media.frames import iter_frames
 from tasks.media.intermediates import read_marker
 from tasks.media.probe import VideoInfo, probe
-from tasks.perception.content import load_prior
-from tasks.perception.face_analysis import analysis_size, display_frames, source_samples
-from tasks.perception.lip_check import LipCheck, face_map, lip_check
+from tasks.perception.face_analysis import analysis_size, display_frames
+from tasks.perception.lip_check import LipCheck, lip_check
 from tasks.perception.vad import RATE
-from tasks.perception.verdict_record import VerdictRecord
 from tasks.picture.geometry import ModelGeometry
 from tasks.render.qc import QcConfig, write_qc
 from tasks.render.qc_overlay import speaker_overlay
@@ -62,8 +60,6 @@ def write_shot_qc(
     title: str | None = None,
     decision: ShotDecision | None = None,
     lip_min_fit: float = 0.0,
-    record: VerdictRecord | None = None,
-    face_strength: float = 3000.0,
 ) -> dict[str, Any]:
     """Side-by-side preview (with the shot's dub audio) + contact sheet of source vs rendered shot
     (`title`: a banner on both, e.g. for a preview pass). Both are decoded already scaled down by ffmpeg
@@ -72,9 +68,7 @@ def write_shot_qc(
 
     stem = f"shot_{plan.shot_index:04d}"
     dubbed = probe(rendered, frame_count="packets")
-    lips = shot_lip_check(
-        dubbed, plan, decision, shot_audio, sample_rate, lip_min_fit, (info, record, face_strength)
-    )
+    lips = shot_lip_check(dubbed, plan, decision, shot_audio, sample_rate, lip_min_fit)
     if lips is not None:  # on the sheet and the preview: the check's score, and REVIEW when it flags the shot
         mark = "lips ?" if lips.fit is None else f"lips {lips.fit:+.2f}"
         title = " | ".join(filter(None, [title, mark + (" REVIEW" if lips.flagged else "")]))
@@ -123,12 +117,9 @@ def shot_lip_check(
     shot_audio: np.ndarray,
     sample_rate: int,
     min_fit: float,
-    source: tuple[VideoInfo, VerdictRecord | None, float] | None = None,
 ) -> LipCheck | None:
     """The output check of a rendered shot (`tasks.perception.lip_check`): its longest dubbed turn's face
-    against the dub's sound over that turn; None when off (``min_fit`` 0) or no turn dubs a face.  ``source``:
-    (the source film, the shot's kept verdict inputs, a ridge strength): the check's map is then the dubbed
-    face's own (`face_map`: the prior calibrated on that face's source lines), where it has enough of them."""
+    against the dub's sound over that turn; None when off (``min_fit`` 0) or no turn dubs a face."""
     if min_fit <= 0 or decision is None or decision.faces is None:
         return None
     turns = [r for r in decision.regions if r.speaker is not None]
@@ -150,15 +141,7 @@ def shot_lip_check(
     fps = float(dubbed.fps)
     clip = mono[round(f0 / fps * RATE) : round(f1 / fps * RATE)]
     frames = display_frames(dubbed, f0, f1, hw)
-    cmap = None
-    if source is not None and source[1] is not None and source[1].shapes is not None:
-        info, record, strength = source
-        if r.speaker < record.shapes.shape[0] and info.audio:
-            audio = source_samples(info, plan.start_frame, plan.end_frame)
-            if audio is not None:
-                cmap = face_map(load_prior(), record.shapes, audio, record.speech_prob >= 0.5, faces.segments,
-                                r.speaker, float(info.fps), strength)  # fmt: skip
-    return lip_check(frames, f1 - f0, fps, clip, tuple(box * scale), min_fit, cmap)
+    return lip_check(frames, f1 - f0, fps, clip, tuple(box * scale), min_fit)
 
 
 def sheet_header(
