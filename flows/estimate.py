@@ -74,6 +74,9 @@ class FilmEstimate:
     missing: tuple[str, ...]  # figures that are not measured (null in the config)
     characters: tuple[dict[str, Any], ...] = ()  # the film's characters (tasks.decision.cast), when linked
     reference_gpu: str = ""  # the GPU the figures were measured on (`estimate.reference_gpu`)
+    # the film-level verdict (`tasks.decision.film_speakers`): calibrated_s, lines, voice_lines, bound,
+    # bound_lines, shots_changed; None when `speaker.film` is off
+    film_speakers: dict[str, Any] | None = None
 
     @property
     def priced(self) -> bool:
@@ -138,6 +141,13 @@ class FilmEstimate:
                 lines.append(f"not measured (null in estimate:): {', '.join(self.missing)}")
         for c in self.characters:
             lines.append(f"character {c['id']}{' = ' + c['name'] if c['name'] else ''}: shots {c['shots']}")
+        f = self.film_speakers
+        if f is not None:
+            lines.append(
+                f"who speaks, over the film: {f['lines']} confident single-face line(s), content map calibrated on "
+                f"{f['calibrated_s']} s, voices bound: {', '.join(f['bound']) or 'none'} ({f['bound_lines']} "
+                f"line(s) settled), shots changed {f['shots_changed'] or 'none'}"
+            )
         return "\n".join(lines)
 
 
@@ -197,6 +207,7 @@ def estimate_film(
         branches=price.branches, dit_forward_s=price.dit_forward_s, vae_chunk_s=price.vae_chunk_s,
         load_s=price.load_s, shots=tuple(out), missing=price.missing,
         characters=film.cast.characters if film.cast is not None else (), reference_gpu=cfg.estimate.reference_gpu,
+        film_speakers=film.speakers,
     )  # fmt: skip
 
 

@@ -43,6 +43,8 @@ class FilmPlan:
     # per shot: index, start_s, end_s, frames, chunks, plan, audio_range (+ overrides, plan_file, key, decision)
     records: list[dict[str, Any]]
     cast: CastPlan | None = None
+    # what the film-level verdict did (`FilmVerdict.to_dict()` less the segments); None when it did not run
+    speakers: dict[str, Any] | None = None
 
 
 class FilmSteps(Protocol):
@@ -109,15 +111,21 @@ def prepare_film(
     if decide and cast_active(cfg, stems):  # characters and who speaks when, before the keys
         cast = CastPlan(**steps.characters(video, records, track.to_dict(), stem_tracks))
         records = [{**r, "overrides": cast.overrides(r["index"], r.get("overrides"))} for r in records]
+    speakers = None
     if decide and cfg.speaker.film != "off":  # who speaks, judged over the whole film (calibration, voices)
-        film = steps.speakers(video, records, track.to_dict())["segments"]
+        verdict = steps.speakers(video, records, track.to_dict())
+        film = verdict["segments"]
+        speakers = {
+            **{k: v for k, v in verdict.items() if k != "segments"},
+            "shots_changed": sorted(map(int, film)),
+        }
         records = [{**r, "overrides": with_film_speakers(r.get("overrides"), film.get(str(r["index"])))}
                    for r in records]  # fmt: skip
     records = steps.keyed(records, track.to_dict(), stem_tracks)
     if decide:  # who speaks where, on the CPU: GPU workers read the cached face analysis
         decisions = steps.decide(video, records, track.to_dict())
         records = [{**r, "decision": decisions[r["index"]]} for r in records]
-    return FilmPlan(video, shots, track, stem_tracks, records, cast)
+    return FilmPlan(video, shots, track, stem_tracks, records, cast, speakers)
 
 
 def shot_records(

@@ -67,11 +67,19 @@ def film(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 def _turns(source: Path, dub: Path, work: Path, **speaker) -> list[list[tuple[str, str]]]:
     """Per shot of the short film: [(status, side)] of its dubbed regions."""
+    return _estimate(source, dub, work, **speaker)[0]
+
+
+def _estimate(
+    source: Path, dub: Path, work: Path, **speaker
+) -> tuple[list[list[tuple[str, str]]], dict | None]:
+    """(`_turns`, the estimate's film_speakers summary)."""
     est = estimate_film(source, dub, load_config(updates={"speaker": speaker}), work_dir=work)
     assert len(est.shots) == len(PICKS)
-    return [
+    turns = [
         [(r["status"], side_of(r["box"], FILM[PICKS[k]])) for r in s.regions] for k, s in enumerate(est.shots)
     ]
+    return turns, est.to_dict()["film_speakers"]
 
 
 def test_the_film_step_settles_a_line_by_its_bound_voice(film, caplog) -> None:
@@ -85,7 +93,9 @@ def test_the_film_step_settles_a_line_by_its_bound_voice(film, caplog) -> None:
     assert alone[1] and all(t == ("speaker", "left") for t in alone[1])
     assert alone[2] == []  # nobody on screen says the narrator's line
     assert any(status == "uncertain" for status, _ in alone[3]), alone[3]
-    whole = _turns(source, dub, work, film="auto")
+    whole, summary = _estimate(source, dub, work, film="auto")
+    assert summary is not None and summary["shots_changed"] == [3] and summary["bound_lines"] >= 1, summary
+    assert summary["calibrated_s"] == 0.0  # 20 s of single-face lines needed: this film has 2
     assert whole[:3] == alone[:3]
     assert whole[3] and all(t == ("speaker", "right") for t in whole[3]), whole[3]
     caplog.set_level(logging.INFO, logger="tasks.decision.film_speakers")
