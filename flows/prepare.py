@@ -119,8 +119,8 @@ def prepare_film(
             **{k: v for k, v in verdict.items() if k != "segments"},
             "shots_changed": sorted(map(int, film)),
         }
-        records = [{**r, "overrides": with_film_speakers(r.get("overrides"), film.get(str(r["index"])))}
-                   for r in records]  # fmt: skip
+        records = [{**r, "overrides": with_film_speakers(r.get("overrides"), film[str(r["index"])])}
+                   if str(r["index"]) in film else r for r in records]  # fmt: skip
     records = steps.keyed(records, track.to_dict(), stem_tracks)
     if decide:  # who speaks where, on the CPU: GPU workers read the cached face analysis
         decisions = steps.decide(video, records, track.to_dict())
