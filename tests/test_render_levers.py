@@ -58,3 +58,85 @@ def test_composite_workers_is_checked_and_not_in_the_shot_key():
         load_config(overrides=["pipeline.composite_workers=0"])
     one = load_config(overrides=["pipeline.composite_workers=1"])
     assert shot_settings(one.to_dict(), 0) == shot_settings(cfg.to_dict(), 0)
+
+
+# ------------------------------------------------------------------------- the film's prep in the lead-in
+
+
+@pytest.fixture
+def resident(monkeypatch: pytest.MonkeyPatch):
+    """A fresh resident-model holder: nothing loaded, nothing warm."""
+    import tasks.infinitetalk.resident as it
+    from tasks.infinitetalk import ResidentModels
+
+    fresh = ResidentModels()
+    monkeypatch.setattr(it, "RESIDENT", fresh)
+    return fresh
+
+
+def _files(film_dir):
+    """{file name: (metadata, {tensor name: raw bytes})} of the film's cache files (the header's metadata
+    order is not fixed by safetensors, so the files are compared by content)."""
+    from safetensors import safe_open
+
+    out = {}
+    for p in sorted(film_dir.glob("*.safetensors")):
+        with safe_open(str(p), framework="pt") as f:
+            tensors = {k: (str(f.get_tensor(k).dtype), f.get_tensor(k).numpy().tobytes()) for k in f.keys()}
+            out[p.name] = (f.metadata(), tensors)
+    return out
+
+
+def test_film_prep_runs_in_the_lead_in_beside_the_warm_up_and_the_shot_reads_it(
+    tmp_path, tiny_weights, resident, backend_log
+):
+    """`warm_up_planned` with the film's inputs makes the prompt embedding and the audio features (the
+    files a shot's session reads) on a thread while the warm-up runs; the shot then loads neither umT5
+    nor wav2vec2 and spends nothing on them; the files are byte for byte those the shot itself makes
+    (`film_prep: shot`); a group with no dubbed shot or `film_prep: shot` prepares nothing."""
+    from pathlib import Path
+
+    from tasks.infinitetalk import InfiniteTalkBackend
+    from tasks.infinitetalk.timing import Stopwatch
+    from tasks.render.backend import FilmInputs, PlannedShot
+    from tasks.render.shot import render_shot_result
+    from tasks.timeline.plan import ShotPlan
+    from tests.test_infinitetalk import _job
+    from tests.tiny_weights import seed_cache
+
+    ws_root = tmp_path / "ws"
+    seed_cache(tiny_weights, ws_root / ".cache")
+    job = _job(tmp_path, ws_root, 0, (0, 40), ["infinitetalk.warm_up=true", "gate.overrides={0: dub}"])
+    cfg = load_config(overrides=["backend.name=infinitetalk", f"workspace.root={ws_root}",
+                                 "infinitetalk.warm_up=true"])  # fmt: skip
+    plan = ShotPlan.from_dict(job.plan)
+    film = FilmInputs(Path(job.work_dir), Path(job.dialogue["path"]))
+    film_dir = Path(job.work_dir) / "film"
+
+    backend = InfiniteTalkBackend({}, config=cfg)
+    assert backend.warm_up_planned([PlannedShot(cfg, plan, None)], film=film) == {}  # nothing dubbed
+    shot_cfg = load_config(overrides=[f"workspace.root={ws_root}", "backend.name=infinitetalk",
+                                      "infinitetalk.film_prep=shot", "infinitetalk.warm_up=false"])  # fmt: skip
+    assert backend.warm_up_planned([PlannedShot(shot_cfg, plan, (32, 48))], film=film) == {}
+    assert not film_dir.exists() and resident.loads["t5"] == 0
+
+    got = backend.warm_up_planned([PlannedShot(cfg, plan, (32, 48))], film=film)
+    assert got["film_prep_s"] > 0 and list(got["warm_up_s"]) == ["48x32"], got
+    assert any("film prep" in line and "beside it" in line for line in backend_log), backend_log
+    lead_in = _files(film_dir)
+    assert sorted(n.split("-")[0] for n in lead_in) == ["audio_features", "prompt"], lead_in
+    loads = dict(resident.loads)
+    assert loads["t5"] == 1 and loads["audio"] == 1 and loads["dit"] == 1, loads
+
+    # the shot finds the film's inputs made: nothing loaded, no encoder time
+    result = render_shot_result(job, backend=backend, qc=False)
+    assert result["dubbed"] and "encoders" not in result["timings_s"], result["timings_s"]
+    assert resident.loads["t5"] == 1 and resident.loads["audio"] == 1
+    assert _files(film_dir) == lead_in
+
+    # the same files as the shot's own prep makes (`film_prep: shot`, a fresh work dir)
+    other = tmp_path / "other" / "film"
+    watch = Stopwatch("cpu", False)
+    backend.prompt_embeddings(other, watch)
+    backend.audio_features_file(other, film.dialogue, watch)
+    assert _files(other) == lead_in
