@@ -82,7 +82,7 @@ def _files(film_dir):
     out = {}
     for p in sorted(film_dir.glob("*.safetensors")):
         with safe_open(str(p), framework="pt") as f:
-            tensors = {k: (str(f.get_tensor(k).dtype), f.get_tensor(k).numpy().tobytes()) for k in f.keys()}
+            tensors = {k: (str(f.get_tensor(k).dtype), f.get_tensor(k).numpy().tobytes()) for k in f.keys()}  # noqa: SIM118
             out[p.name] = (f.metadata(), tensors)
     return out
 
