@@ -174,7 +174,7 @@ class InfiniteTalkBackend:
         self, shots: Sequence[PlannedShot], film: FilmInputs | None, todo: list[Any]
     ) -> PipelineConfig | None:
         """The config the film's prep runs under in the lead-in (the first warmed size's shot's, else the
-        first dubbed shot's), or None: no `film`, no dubbed shot, or `film_prep: shot`."""
+        first dubbed shot's), or None: no `film`, no dubbed shot, `film_prep: shot`, or both files made."""
         if film is None:
             return None
         dubbed = [s.config for s in shots if s.model_hw is not None]
@@ -182,7 +182,14 @@ class InfiniteTalkBackend:
         if config is None:
             return None
         self._bind(config)
-        return config if self.opts.film_prep == "lead_in" else None
+        if self.opts.film_prep != "lead_in":
+            return None
+        film_dir = Path(film.work_dir) / "film"
+        made = (
+            self.prompt_cache_path(film_dir).is_file()
+            and self.audio_features_path(film_dir, Path(film.dialogue)).is_file()
+        )  # a film already prepared (another group of it in this workspace): nothing to do
+        return None if made else config
 
     def _film_prep(self, config: PipelineConfig, film: FilmInputs) -> float:
         """The film's prompt embedding and audio features into their cache files (what a shot's session
@@ -226,15 +233,20 @@ class InfiniteTalkBackend:
 
         return load_file(str(cached_tensors(path, compute)))
 
-    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path:
-        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
-
+    def audio_features_path(self, film_dir: Path, dialogue_path: Path) -> Path:
+        """Where the dub track's features live (keyed by the track, the wav2vec2 weights and the dtype)."""
         spec = self.load_spec(resolve_device(self.opts.device))
         dtype = str(spec.dtype).removeprefix("torch.")
         key = hashlib.sha256(
             "\0".join([audio_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
         ).hexdigest()[:16]
-        path = film_dir / f"audio_features-{key}.safetensors"
+        return film_dir / f"audio_features-{key}.safetensors"
+
+    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path:
+        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
+
+        spec = self.load_spec(resolve_device(self.opts.device))
+        path = self.audio_features_path(film_dir, dialogue_path)
 
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             import soundfile as sf
