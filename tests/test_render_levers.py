@@ -140,3 +140,41 @@ def test_film_prep_runs_in_the_lead_in_beside_the_warm_up_and_the_shot_reads_it(
     backend.prompt_embeddings(other, watch)
     backend.audio_features_file(other, film.dialogue, watch)
     assert _files(other) == lead_in
+
+
+def test_a_resident_model_is_handed_out_while_another_loads(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """`ResidentModels.get` loads outside the set's lock: while one thread loads umT5 (held here until
+    released), another thread gets the DiT already resident at once; loads still run one at a time and
+    each component is loaded once."""
+    import threading
+    import types
+
+    import tasks.infinitetalk.resident as it
+    from model.weights.loading import LoadSpec
+
+    release, loading = threading.Event(), threading.Event()
+    calls: list[tuple[str, ...]] = []
+
+    def fake_load(root, spec):
+        calls.append(spec.components)
+        if "t5" in spec.components:
+            loading.set()
+            assert release.wait(10), "the load was never released"
+        return types.SimpleNamespace(**{c: f"{c}-model" for c in spec.components})
+
+    monkeypatch.setattr(it, "load_models", fake_load)
+    holder = it.ResidentModels()
+    spec = LoadSpec(device="cpu")
+    assert holder.get(tmp_path, spec, ("dit",)) == {"dit": "dit-model"}
+    got: dict = {}
+    loader = threading.Thread(target=lambda: got.update(holder.get(tmp_path, spec, ("t5",))))
+    loader.start()
+    assert loading.wait(10)
+    assert holder.get(tmp_path, spec, ("dit",)) == {"dit": "dit-model"}  # not blocked by the t5 load
+    late = threading.Thread(target=lambda: got.update(holder.get(tmp_path, spec, ("t5", "audio"))))
+    late.start()  # waits for the running load, then loads only what is still missing
+    release.set()
+    loader.join(10)
+    late.join(10)
+    assert got == {"t5": "t5-model", "audio": "audio-model"}
+    assert calls == [("dit",), ("t5",), ("audio",)] and holder.loads == {"dit": 1, "t5": 1, "audio": 1}
