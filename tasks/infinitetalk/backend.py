@@ -140,10 +140,8 @@ class InfiniteTalkBackend:
             return {}
         t0 = time.perf_counter()
         models_s = 0.0
-        if todo:
-            self._bind(
-                todo[0][1]
-            )  # the models of the first size's shot (one resident set: its root and spec)
+        if todo:  # the models of the first size's shot (one resident set: its root and spec)
+            self._bind(todo[0][1])
             self.models("dit", "vae", "clip")
             models_s = time.perf_counter() - t0
         prep: Future[float] | None = None
