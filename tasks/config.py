@@ -259,6 +259,7 @@ class ShotPipelineConfig:
     overlap: bool
     queue: int  # chunks decoded ahead and chunks waiting to be written, each at most
     composite_workers: int  # threads pasting a chunk's frames back (same bytes with any count); 1 = none
+    film_prep: Literal["lead_in", "shot"]  # a backend's per-film caches: in a group's lead-in, or in a shot
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The lossless speed levers outside the DiT (issue 49): the chunk's paste back on a thread pool
 (`pipeline.composite_workers`) and the film's prep (umT5 prompt embedding, wav2vec2 features) in the group's
-lead-in beside the compile warm-up (`infinitetalk.film_prep`). Each must leave the output bytes as they were.
+lead-in beside the compile warm-up (`pipeline.film_prep`). Each must leave the output bytes as they were.
 """
 
 from __future__ import annotations
@@ -51,13 +51,18 @@ def test_paste_on_a_pool_is_the_same_bytes_as_the_loop(mode: str):
     assert not np.array_equal(loop, sources)  # something was pasted
 
 
-def test_composite_workers_is_checked_and_not_in_the_shot_key():
+def test_render_settings_are_checked_and_not_in_the_shot_key():
     cfg = load_config()
     assert cfg.pipeline.composite_workers == 4
     with pytest.raises(ConfigError, match="pipeline.composite_workers: must be >= 1"):
         load_config(overrides=["pipeline.composite_workers=0"])
-    one = load_config(overrides=["pipeline.composite_workers=1"])
-    assert shot_settings(one.to_dict(), 0) == shot_settings(cfg.to_dict(), 0)
+    for change in ("pipeline.composite_workers=1", "pipeline.film_prep=shot"):
+        for backend in ("infinitetalk", "passthrough"):
+            base = load_config(overrides=[f"backend.name={backend}"])
+            other = load_config(overrides=[f"backend.name={backend}", change])
+            assert shot_settings(other.to_dict(), 0) == shot_settings(base.to_dict(), 0), change
+    with pytest.raises(ConfigError, match="pipeline.film_prep"):
+        load_config(overrides=["pipeline.film_prep=never"])
 
 
 # ------------------------------------------------------------------------- the film's prep in the lead-in
@@ -116,7 +121,7 @@ def test_film_prep_runs_in_the_lead_in_beside_the_warm_up_and_the_shot_reads_it(
     backend = InfiniteTalkBackend({}, config=cfg)
     assert backend.warm_up_planned([PlannedShot(cfg, plan, None)], film=film) == {}  # nothing dubbed
     shot_cfg = load_config(overrides=[f"workspace.root={ws_root}", "backend.name=infinitetalk",
-                                      "infinitetalk.film_prep=shot", "infinitetalk.warm_up=false"])  # fmt: skip
+                                      "pipeline.film_prep=shot", "infinitetalk.warm_up=false"])  # fmt: skip
     assert backend.warm_up_planned([PlannedShot(shot_cfg, plan, (32, 48))], film=film) == {}
     assert not film_dir.exists() and resident.loads["t5"] == 0
 

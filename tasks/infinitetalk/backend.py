@@ -123,7 +123,7 @@ class InfiniteTalkBackend:
     def warm_up_planned(self, shots: Sequence[PlannedShot], film: FilmInputs | None = None) -> dict[str, Any]:
         """A group's model load before its first shot: the generation models, then the compile warm-up at
         every size its `shots` were planned at (`warmup.planned_warm_ups`; shots of another backend add
-        nothing) that the resident set is not warm for yet. With `film` (and `film_prep: lead_in`) the film's
+        nothing) that the resident set is not warm for yet. With `film` (and `pipeline.film_prep: lead_in`) the film's
         prompt embedding and audio features are made here too, on a thread beside the warm-up, so the
         first dubbed shot finds them cached. {} when nothing is done (nothing is loaded then: the first shot
         loads as before); else the seconds of each part, sizes as "WxH"."""
@@ -172,7 +172,7 @@ class InfiniteTalkBackend:
         self, shots: Sequence[PlannedShot], film: FilmInputs | None, todo: list[Any]
     ) -> PipelineConfig | None:
         """The config the film's prep runs under in the lead-in (the first warmed size's shot's, else the
-        first dubbed shot's), or None: no `film`, no dubbed shot, `film_prep: shot`, or both files made."""
+        first dubbed shot's), or None: no `film`, no dubbed shot, `pipeline.film_prep: shot`, or both files made."""
         if film is None:
             return None
         dubbed = [s.config for s in shots if s.model_hw is not None]
@@ -180,7 +180,7 @@ class InfiniteTalkBackend:
         if config is None:
             return None
         self._bind(config)
-        if self.opts.film_prep != "lead_in":
+        if self.config.pipeline.film_prep != "lead_in":
             return None
         film_dir = Path(film.work_dir) / "film"
         made = (

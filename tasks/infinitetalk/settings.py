@@ -21,9 +21,8 @@ from tasks.errors import ConfigError
 SECTION = "infinitetalk"  # the YAML section of this backend's options
 PRESETS = "presets"  # the values `infinitetalk.preset` fills in
 # Options that never change a shot's pixels, left out of its key: sequence parallelism and block offload give
-# bit-identical outputs, profiling only adds device syncs, the load's warm-up throws its synthetic chunks away,
-# where the film's cached prompt and audio features are made (`film_prep`) does not change them.
-NON_PIXEL = ("gpus_per_shot", "profile", "offload", "warm_up", "film_prep")
+# bit-identical outputs, profiling only adds device syncs, the load's warm-up throws its synthetic chunks away.
+NON_PIXEL = ("gpus_per_shot", "profile", "offload", "warm_up")
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,6 @@ class InfiniteTalkConfig:
     profile: bool  # synchronise the device around each stage so timings split DiT / VAE / encoders
     compile: bool | None  # torch.compile the DiT blocks; None = auto (on CUDA only)
     warm_up: bool | None  # the load's warm-up at the planned model sizes; None = auto (where compiled)
-    film_prep: Literal["lead_in", "shot"]  # the film's prompt + audio features: group lead-in, or first shot
     fp8_compute: (
         Literal["auto", True, False] | None
     )  # DiT linears as fp8 GEMMs (Hopper); auto = where supported
