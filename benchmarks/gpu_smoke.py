@@ -168,7 +168,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.media.audio import prepare_dialogue
     from tasks.media.probe import probe
     from tasks.picture.geometry import ModelGeometry
-    from tasks.render.shot import ShotJob, render_shot_result
+    from tasks.render.shot import ShotJob
     from tasks.timeline.plan import plan_shot
     from tasks.timeline.shots import Shot
 
@@ -203,10 +203,14 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         out_wav=work / f"d-{args.one}.wav",
     )
     plan = plan_shot(Shot(0, 0, info.frame_count), info.fps, cfg.plan)
-    job = ShotJob(
-        info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / "out.mkv"),
-        cfg.to_dict(), work_dir=str(run_dir),
-    )  # fmt: skip
+
+    def shot_job(out_name: str, config: Any) -> ShotJob:  # the film's caches in run_dir/film, shared
+        return ShotJob(
+            info.to_dict(), plan.to_dict(), track.to_dict(), (0, track.n_samples), str(run_dir / out_name),
+            config.to_dict(), work_dir=str(run_dir),
+        )  # fmt: skip
+
+    job = shot_job("out.mkv", cfg)
     # the rest of the model load: the compile warm-up at every model size the shot uses (what the session
     # runs under "load" when the models are not warm yet), so the shot below is a resident worker's shot;
     # `real`: the planning step's decision first (face analysis on the CPU, kept for the render)
@@ -226,44 +230,36 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     backend.prompt_embeddings(run_dir / "film", film_watch)
     backend.audio_features_file(run_dir / "film", Path(track.path), film_watch)
     film_s = time.perf_counter() - t0
-    calls.clear()  # the warm-up's and the film preparation's DiT calls belong to the load
-    chunk_ends: list[float] = []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    others = [GpuSampler(index=i) for i in range(1, args.gpus_per_shot)]  # the ranks' other GPUs
-    with GpuSampler() as sampler, contextlib.ExitStack() as stack:
-        for other in others:
-            stack.enter_context(other)
-        t_shot = time.perf_counter()
-        try:
-            result = render_shot_result(
-                job, backend=backend, on_progress=lambda f: chunk_ends.append(time.perf_counter())
+    renders = []  # the shot rendered `--repeats` times, then again per `--then` variant (same process)
+    kept = run_dir / "out.chunks" / "decision.json"  # `real`: the planning's decision, kept for the render
+    decision_bytes = kept.read_bytes() if kept.is_file() else None
+    variants = [("base", cfg, backend)]
+    for k, extra in enumerate(args.then or []):
+        base = run_overrides(args.one, meta["root"], meta["lora"], args)
+        vcfg = load_config(overrides=[*base, *extra.split(";")])
+        variants.append((f"then{k}:{extra}", vcfg, it.InfiniteTalkBackend({}, config=vcfg)))
+    for label, vcfg, vbackend in variants:
+        for r in range(args.repeats):
+            name = "out.mkv" if (label, r) == ("base", 0) else f"{label.split(':')[0]}-{r}.mkv"
+            if decision_bytes is not None:  # each render reads the planning's decision, as a film's shot
+                seg = run_dir / f"{Path(name).stem}.chunks"
+                seg.mkdir(parents=True, exist_ok=True)
+                (seg / "decision.json").write_bytes(decision_bytes)
+            got = render_once(shot_job(name, vcfg), vbackend, calls, plan, info, cuda, args)
+            got["variant"], got["repeat"] = label, r
+            renders.append(got)
+            log.info(
+                "[%s] %s repeat %d: %.2f GPU-s per video-s", args.one, label, r, got["gpu_s_per_video_s"]
             )
-        finally:
-            if hook is not None:
-                hook.remove()
-        shot_s = time.perf_counter() - t_shot
-    t = result["timings_s"]
-    from bench_shot import STAGES  # the per-shot benchmark's report rows (its "model load" row is 0 here)
-
-    stages = {
-        label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
-    }
-    if "sp_chunk" in t:  # gpus_per_shot > 1: the ranks' whole chunk (DiT + VAE + CLIP), timed here
-        stages["SP chunk"] = t["sp_chunk"]
-    stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
-    seconds = plan.num_frames / float(info.fps)
+    if hook is not None:
+        hook.remove()
+    first = renders[0]
     spec = backend.load_spec(resolve_device(backend.opts.device))
-    per_chunk = max(1, len(calls) // len(plan.chunks))
-    new_s = (plan.frame_num - plan.motion_frames) / plan.model_fps  # video seconds a middle chunk adds
-    starts = [c - t_shot for c in calls[::per_chunk]]  # first DiT call of each chunk
-    if not calls:  # gpus_per_shot > 1: chunk walls between chunk ends instead
-        starts = [c - t_shot for c in chunk_ends]
-    walls = [round(b - a, 2) for a, b in zip(starts, starts[1:], strict=False)]
-    warmup = max(0.0, walls[0] - min(walls[1:])) if len(walls) > 1 else None  # compile warm-up in chunk 1
-    # GPU idle: from chunk 2's first DiT call to the last chunk's last one (steady state, compile excluded)
-    idle = sampler.idle_percent(calls[per_chunk], calls[-1]) if len(calls) > per_chunk + 1 else None
+    by_variant: dict[str, list[float]] = {}
+    for got in renders:
+        by_variant.setdefault(got["variant"], []).append(got["gpu_s_per_video_s"])
     return {
+        **first,
         "run": args.one,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
@@ -285,19 +281,69 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         }
         | {"offload_reason": spec.offload_reason},
         "steps": backend.opts.steps,
-        "shot": {"seconds": round(seconds, 3), "frames": plan.num_frames, "chunks": len(plan.chunks)},
         "load": {
             "import_s": round(import_s, 1),
             "models_s": round(models_s, 1),
             "compile_warmup_s": round(
                 warmup_s, 1
             ),  # at load: two synthetic chunks (tasks.infinitetalk.warmup)
-            "chunk1_extra_s": None if warmup is None else round(warmup, 1),  # chunk 1 wall - fastest chunk
+            "chunk1_extra_s": first["chunk1_extra_s"],  # chunk 1 wall - fastest chunk (first render)
             "film_prep_s": round(film_s, 1),  # once per film: umT5 + wav2vec2 load, prompt + audio features
             "plan_s": round(plan_s, 1),  # `real`: the planning step's decision (face analysis), off the GPU
             "warmup_sizes": [list(hw) for hw in sizes],
             "total_s": round(import_s + models_s + warmup_s, 1),
         },
+        "cap_gib": args.cap_gib,
+        "cap_fraction": cap,
+        "gpus_per_shot": args.gpus_per_shot,
+        "renders": renders,  # every render: its figures (the top level repeats the first one's)
+        "medians": {v: round(statistics.median(xs), 3) for v, xs in by_variant.items()},  # GPU-s per video-s
+    }
+
+
+def render_once(
+    job: Any, backend: Any, calls: list[float], plan: Any, info: Any, cuda: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One render of the shot by `backend` (models resident and warm, the film's caches made): its figures."""
+    import torch
+
+    from tasks.render.shot import render_shot_result
+
+    calls.clear()  # the warm-up's, the film preparation's and earlier renders' DiT calls are not this one's
+    chunk_ends: list[float] = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    others = [GpuSampler(index=i) for i in range(1, args.gpus_per_shot)]  # the ranks' other GPUs
+    with GpuSampler() as sampler, contextlib.ExitStack() as stack:
+        for other in others:
+            stack.enter_context(other)
+        t_shot = time.perf_counter()
+        result = render_shot_result(
+            job, backend=backend, on_progress=lambda f: chunk_ends.append(time.perf_counter())
+        )
+        shot_s = time.perf_counter() - t_shot
+    t = result["timings_s"]
+    from bench_shot import STAGES  # the per-shot benchmark's report rows (its "model load" row is 0 here)
+
+    stages = {
+        label: round(sum(t.get(k, 0.0) for k in keys), 3) for label, keys in STAGES if keys != ("load",)
+    }
+    if "sp_chunk" in t:  # gpus_per_shot > 1: the ranks' whole chunk (DiT + VAE + CLIP), timed here
+        stages["SP chunk"] = t["sp_chunk"]
+    stages["other"] = round(t["total"] - t.get("load", 0.0) - sum(stages.values()), 3)
+    seconds = plan.num_frames / float(info.fps)
+    per_chunk = max(1, len(calls) // len(plan.chunks))
+    new_s = (plan.frame_num - plan.motion_frames) / plan.model_fps  # video seconds a middle chunk adds
+    starts = [c - t_shot for c in calls[::per_chunk]]  # first DiT call of each chunk
+    if not calls:  # gpus_per_shot > 1: chunk walls between chunk ends instead
+        starts = [c - t_shot for c in chunk_ends]
+    walls = [round(b - a, 2) for a, b in zip(starts, starts[1:], strict=False)]
+    warmup = max(0.0, walls[0] - min(walls[1:])) if len(walls) > 1 else None  # compile warm-up in chunk 1
+    # GPU idle: from chunk 2's first DiT call to the last chunk's last one (steady state, compile excluded)
+    idle = sampler.idle_percent(calls[per_chunk], calls[-1]) if len(calls) > per_chunk + 1 else None
+    return {
+        "shot": {"seconds": round(seconds, 3), "frames": plan.num_frames, "chunks": len(plan.chunks)},
+        "chunk1_extra_s": None if warmup is None else round(warmup, 1),
         "chunk_walls_s": walls,
         "dit_calls": len(calls),
         "dit_s_per_call": round(t.get("dit", 0.0) / max(1, len(calls)), 4),
@@ -305,15 +351,16 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "stages_s": stages,
         "timings_s": t,
         "chunk_ends_s": [round(c - t_shot, 2) for c in chunk_ends],
+        # the shot's tail: from the end of its last DiT call (last chunk's VAE, its paste + encode, join)
+        "after_last_dit_s": round(shot_s - (calls[-1] - t_shot) - t.get("dit", 0.0) / len(calls), 2)
+        if calls
+        else None,
         "gpu_idle_pct": idle,
         "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
         if cuda and args.gpus_per_shot == 1
         else None,  # this process's allocator: the ranks' own with gpus_per_shot > 1 (NVML per GPU)
         "peak_nvml_gib": sampler.peak_used_gib(),
         "peak_nvml_gib_per_gpu": [g.peak_used_gib() for g in (sampler, *others)],
-        "gpus_per_shot": args.gpus_per_shot,
-        "cap_gib": args.cap_gib,
-        "cap_fraction": cap,
         "frames_sha256": frames_digest(Path(result["path"])),  # the same frames on 1 and N GPUs?
         "gpu_s_per_video_s": round(shot_s / seconds, 2),
         "gpu_s_per_video_s_steady": round(statistics.median(walls[1:]) / new_s, 2)
@@ -372,6 +419,14 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"chunk walls {r['chunk_walls_s']}; GPU idle {r['gpu_idle_pct']} %; peak {r['peak_alloc_gib']} GiB alloc / {r['peak_nvml_gib']} GiB NVML"
         )
         lines.append("    " + "  ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
+        if len(r.get("renders", [])) > 1:  # --repeats / --then: every render, then the medians
+            for g in r["renders"]:
+                lines.append(
+                    f"    {g['variant']} #{g['repeat']}: {g['gpu_s_per_video_s']} GPU-s per video-s, shot "
+                    f"{g['shot_s']} s, {g['dit_calls']} DiT calls x {g['dit_s_per_call']} s, chunk walls "
+                    f"{g['chunk_walls_s']}, after the last DiT call {g['after_last_dit_s']} s, frames {g['frames_sha256'][:12]}"
+                )
+            lines.append(f"    medians (GPU-s per video-s): {r['medians']}")
         lines.append(f"    spec {r['spec']}")
     return "\n".join(lines)
 
@@ -392,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-shot", type=int, default=1, help="infinitetalk.gpus_per_shot of every run")
     p.add_argument("--cap-gib", type=float, default=None, help="cap the CUDA allocator (a 24 / 16 GiB card)")
     p.add_argument("--gguf", default=None, help="the gguf run's random real-size root type: Q8_0 | Q4_K")
+    p.add_argument("--repeats", type=int, default=1, help="renders of the shot per run (median reported)")
+    p.add_argument("--then", action="append", help="after the repeats, render again (as many times) with "
+                   "these extra overrides, same process and models (k=v;k=v: sampler-only keys, e.g. "
+                   "infinitetalk.step_subset=[0,1,2])")  # fmt: skip
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one run in this process
     args = p.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.tiny else 10.0)
@@ -422,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--gpus-per-shot", str(args.gpus_per_shot)]
         cmd += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
         cmd += ["--gguf", args.gguf] if args.gguf else []
+        cmd += ["--repeats", str(args.repeats)]
+        for extra in args.then or []:
+            cmd += ["--then", extra]
         for s in args.set or []:
             cmd += ["--set", s]
         env = {**os.environ, "GPU_SMOKE_T0": repr(time.time())}

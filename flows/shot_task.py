@@ -27,7 +27,7 @@ from tasks.config import DebugConfig, PipelineConfig
 from tasks.errors import DubflowError
 from tasks.files import discard
 from tasks.media.intermediates import read_marker, write_marker
-from tasks.render.backend import Backend, backend_warm_up, get_backend, planned_shot
+from tasks.render.backend import Backend, FilmInputs, backend_warm_up, get_backend, planned_shot
 from tasks.render.shot import ShotJob, prepare_decision, render_shot_result, write_job_qc
 from tasks.run.inputs import InputChanged, check_input
 from tasks.run.run_lock import hold_lock
@@ -83,7 +83,8 @@ class BackendSlot:
         planned = [planned_shot(film["config"], s) for s in todo]
         if not any(p.model_hw is not None for p in planned):
             return {}
-        return backend_warm_up(self.get(), planned)
+        inputs = FilmInputs(Path(ws.path), Path(film["dialogue"]["path"]))
+        return backend_warm_up(self.get(), planned, inputs)
 
 
 def shot_result(raw: str | dict[str, Any], shot: dict[str, Any], backend: str, seconds: float) -> dict:

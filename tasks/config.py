@@ -266,6 +266,8 @@ class ShotPipelineConfig:
 
     overlap: bool
     queue: int  # chunks decoded ahead and chunks waiting to be written, each at most
+    composite_workers: int  # threads pasting a chunk's frames back (same bytes with any count); 1 = none
+    film_prep: Literal["lead_in", "shot"]  # a backend's per-film caches: in a group's lead-in, or in a shot
 
 
 @dataclass(frozen=True)
@@ -341,6 +343,10 @@ class PipelineConfig:
             cfg = dataclasses.replace(cfg, sections=hook(cfg.sections, source))
         if cfg.pipeline.queue < 1:
             raise ConfigError(source, f"pipeline.queue: must be >= 1, got {cfg.pipeline.queue}")
+        if cfg.pipeline.composite_workers < 1:
+            raise ConfigError(
+                source, f"pipeline.composite_workers: must be >= 1, got {cfg.pipeline.composite_workers}"
+            )
         if cfg.review.timeout_s <= 0:
             raise ConfigError(source, f"review.timeout_s: must be > 0, got {cfg.review.timeout_s}")
         return cfg

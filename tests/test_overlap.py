@@ -132,17 +132,20 @@ def test_overlapped_crash_mid_shot_resumes_at_the_last_finished_chunk(tmp_path: 
 
 
 def test_overlapped_tiny_shot_matches_the_sequential_bytes(tmp_path: Path, ws_root: Path):
-    """The tiny InfiniteTalk model over 3 chunks: overlapped and sequential loops write the same frame bytes
-    (the lossless intermediate decoded; the Matroska files differ only in their random segment UIDs)."""
+    """The tiny InfiniteTalk model over 3 chunks: overlapped and sequential loops, and the paste back on a
+    pool or on the writer thread alone (`pipeline.composite_workers`), write the same frame bytes (the
+    lossless intermediate decoded; the Matroska files differ only in their random segment UIDs)."""
     out = {}
-    for overlap in (True, False):
+    for overlap, workers in ((True, 4), (False, 4), (True, 1)):
         job = _job(
-            tmp_path / str(overlap), ws_root, 0, (0, 16), [*SHORT_CHUNKS, f"pipeline.overlap={overlap}"]
-        )
+            tmp_path / f"{overlap}-{workers}", ws_root, 0, (0, 16),
+            [*SHORT_CHUNKS, f"pipeline.overlap={overlap}", f"pipeline.composite_workers={workers}"],
+        )  # fmt: skip
         result = render_shot_result(job, backend=None)
         assert result["chunks"] == 3 and result["dubbed"]
-        out[overlap] = decode_all(result["path"])
-    assert out[True].shape[0] == 16 and out[True].tobytes() == out[False].tobytes()
+        out[overlap, workers] = decode_all(result["path"])
+    assert out[True, 4].shape[0] == 16
+    assert out[True, 4].tobytes() == out[False, 4].tobytes() == out[True, 1].tobytes()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from tasks.infinitetalk.timeline import MODEL_FPS, WAV2VEC_RATE, FeatureTimeline
 from tasks.infinitetalk.timing import Stopwatch
 from tasks.infinitetalk.tiny import TINY_BANNER, TinyLog
 from tasks.picture.geometry import ModelGeometry
-from tasks.render.backend import PlannedShot, ShotContext
+from tasks.render.backend import FilmInputs, PlannedShot, ShotContext
 from tasks.timeline.plan import ShotPlan
 
 if TYPE_CHECKING:
@@ -119,36 +120,85 @@ class InfiniteTalkBackend:
             self.weights_root(), self.load_spec(device, multi), n, self.vae_tiling
         )
 
-    def warm_up_planned(self, shots: Sequence[PlannedShot]) -> dict[str, Any]:
+    def warm_up_planned(self, shots: Sequence[PlannedShot], film: FilmInputs | None = None) -> dict[str, Any]:
         """A group's model load before its first shot: the generation models, then the compile warm-up at
         every size its `shots` were planned at (`warmup.planned_warm_ups`; shots of another backend add
-        nothing) that the resident set is not warm for yet. {} when nothing is to warm (nothing is loaded
-        then: the first shot loads as before); else the seconds of each part, sizes as "WxH"."""
+        nothing) that the resident set is not warm for yet. With `film` (and `pipeline.film_prep: lead_in`) the film's
+        prompt embedding and audio features are made here too, on a thread beside the warm-up, so the
+        first dubbed shot finds them cached. {} when nothing is done (nothing is loaded then: the first shot
+        loads as before); else the seconds of each part, sizes as "WxH"."""
+        mine = [s for s in shots if s.config.backend.name == self.name]
         todo = []
-        for hw, shot in warmup.planned_warm_ups([s for s in shots if s.config.backend.name == self.name]):
+        for hw, shot in warmup.planned_warm_ups(mine):
             self._bind(shot.config)
             settings = sampler_settings(self.opts, self.config, shot.plan, tiny=self.tiny)
             key = warmup.warm_key(self, hw, settings)
             if key is not None and not resident.RESIDENT.is_warm(key):
                 todo.append((hw, shot.config, settings))
-        if not todo:
+        prep_config = self._film_prep_config(mine, film, todo)
+        if not todo and prep_config is None:
             return {}
         t0 = time.perf_counter()
-        self._bind(todo[0][1])  # the models of the first size's shot (one resident set: its root and spec)
-        self.models("dit", "vae", "clip")
-        models_s = time.perf_counter() - t0
-        sizes: dict[str, float] = {}
-        for (h, w), config, settings in todo:
-            self._bind(config)
-            seconds = warmup.warm_up(self, (h, w), settings)
-            if seconds is not None:
-                sizes[f"{w}x{h}"] = round(seconds, 3)
-        total = models_s + sum(sizes.values())
+        models_s = 0.0
+        if todo:  # the models of the first size's shot (one resident set: its root and spec)
+            self._bind(todo[0][1])
+            self.models("dit", "vae", "clip")
+            models_s = time.perf_counter() - t0
+        prep: Future[float] | None = None
+        pool = ThreadPoolExecutor(1, thread_name_prefix="film-prep") if prep_config is not None else None
+        try:
+            if pool is not None and film is not None:
+                prep = pool.submit(self._film_prep, prep_config, film)
+            sizes: dict[str, float] = {}
+            for (h, w), config, settings in todo:
+                self._bind(config)
+                seconds = warmup.warm_up(self, (h, w), settings)
+                if seconds is not None:
+                    sizes[f"{w}x{h}"] = round(seconds, 3)
+            prep_s = prep.result() if prep is not None else None  # its error is the lead-in's error
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+        total = time.perf_counter() - t0
         self.log.info(
-            "model load before the group's first shot: %.1f s (models %.1f s; compile warm-up %s)",
+            "model load before the group's first shot: %.1f s (models %.1f s; compile warm-up %s; film prep %s)",
             total, models_s, ", ".join(f"{k} {v:.1f} s" for k, v in sizes.items()) or "none",
+            "none" if prep_s is None else f"{prep_s:.1f} s beside it",
         )  # fmt: skip
-        return {"models_s": round(models_s, 3), "warm_up_s": sizes, "total_s": round(total, 3)}
+        out = {"models_s": round(models_s, 3), "warm_up_s": sizes, "total_s": round(total, 3)}
+        return out if prep_s is None else {**out, "film_prep_s": round(prep_s, 3)}
+
+    def _film_prep_config(
+        self, shots: Sequence[PlannedShot], film: FilmInputs | None, todo: list[Any]
+    ) -> PipelineConfig | None:
+        """The config the film's prep runs under in the lead-in (the first warmed size's shot's, else the
+        first dubbed shot's), or None: no `film`, no dubbed shot, `pipeline.film_prep: shot`, or both files made."""
+        if film is None:
+            return None
+        dubbed = [s.config for s in shots if s.model_hw is not None]
+        config = todo[0][1] if todo else (dubbed[0] if dubbed else None)
+        if config is None:
+            return None
+        self._bind(config)
+        if self.config.pipeline.film_prep != "lead_in":
+            return None
+        film_dir = Path(film.work_dir) / "film"
+        made = (
+            self.prompt_cache_path(film_dir).is_file()
+            and self.audio_features_path(film_dir, Path(film.dialogue)).is_file()
+        )  # a film already prepared (another group of it in this workspace): nothing to do
+        return None if made else config
+
+    def _film_prep(self, config: PipelineConfig, film: FilmInputs) -> float:
+        """The film's prompt embedding and audio features into their cache files (what a shot's session
+        reads), by a backend of its own bound to `config` (the caller's thread rebinds this one); seconds."""
+        t0 = time.perf_counter()
+        other = InfiniteTalkBackend(self.options, config=config)
+        watch = Stopwatch(resolve_device(other.opts.device), False)
+        film_dir = Path(film.work_dir) / "film"
+        other.prompt_embeddings(film_dir, watch)
+        other.audio_features_file(film_dir, Path(film.dialogue), watch)
+        return time.perf_counter() - t0
 
     # --- per-film caches
 
@@ -181,15 +231,20 @@ class InfiniteTalkBackend:
 
         return load_file(str(cached_tensors(path, compute)))
 
-    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path:
-        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
-
+    def audio_features_path(self, film_dir: Path, dialogue_path: Path) -> Path:
+        """Where the dub track's features live (keyed by the track, the wav2vec2 weights and the dtype)."""
         spec = self.load_spec(resolve_device(self.opts.device))
         dtype = str(spec.dtype).removeprefix("torch.")
         key = hashlib.sha256(
             "\0".join([audio_digest(dialogue_path), self._model_tag("audio"), dtype]).encode()
         ).hexdigest()[:16]
-        path = film_dir / f"audio_features-{key}.safetensors"
+        return film_dir / f"audio_features-{key}.safetensors"
+
+    def audio_features_file(self, film_dir: Path, dialogue_path: Path, watch: Stopwatch) -> Path:
+        """The dub track's wav2vec2 features at 25 fps for the whole film (cached per film)."""
+
+        spec = self.load_spec(resolve_device(self.opts.device))
+        path = self.audio_features_path(film_dir, dialogue_path)
 
         def compute() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             import soundfile as sf

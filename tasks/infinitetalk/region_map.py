@@ -9,6 +9,8 @@ the backend's.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -113,6 +115,28 @@ class ShotRegion:
 
         patch = np.ascontiguousarray(np.rot90(generated, -(self.geometry.rotation // 90)))
         return composite(source, patch, self.coded_box(j), self.feather_px, w)
+
+
+def paste_frames(
+    region: ShotRegion,
+    kept: np.ndarray,
+    indices: Sequence[int],
+    sources: np.ndarray,
+    first_j: int,
+    finish: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    pool: Executor | None = None,
+) -> np.ndarray:
+    """A chunk's output: generated model frame `kept[indices[t]]` (kept: (n, mh, mw, 3) uint8) pasted into
+    coded source frame `sources[t]` (shot frame `first_j + t`), then `finish(frame, j)` if given; (T, H, W, 3)
+    uint8. Frames are independent, so `pool` (threads: OpenCV and NumPy release the GIL) maps them in
+    parallel and the result is the same bytes as the loop without one."""
+
+    def one(t: int) -> np.ndarray:
+        frame = region.paste(kept[indices[t]], sources[t], first_j + t)
+        return frame if finish is None else finish(frame, first_j + t)
+
+    ts = range(len(indices))
+    return np.stack(list(pool.map(one, ts)) if pool is not None else [one(t) for t in ts])
 
 
 def to_tensor(frames: np.ndarray) -> torch.Tensor:

@@ -45,7 +45,8 @@ class ResidentModels:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the resident set's state
+        self._load_lock = threading.Lock()  # one `load_models` at a time (held without `_lock`)
         self._key: tuple[str, Any] | None = None
         self._components: dict[str, Any] = {}
         self._multi = False  # whether the resident DiT is the multi (two-person) one
@@ -62,20 +63,35 @@ class ResidentModels:
 
         key = (str(Path(root).resolve()), dataclasses.replace(spec, components=COMPONENTS, multi=False))
         with self._lock:
-            if key != self._key:
-                self._drop()
-                self._key = key
-            if "dit" in components and self._components.get("dit") is not None and self._multi != spec.multi:
-                self._drop(("dit",))  # one DiT at a time: single or multi
-            if "dit" in components:
-                self._multi = spec.multi
-            missing = tuple(c for c in components if c not in self._components)
+            missing = self._select(key, spec, components)
+            if not missing:
+                return {c: self._components[c] for c in components}
+        # a load runs under `_load_lock` only: one load at a time, while a thread that asks for components
+        # already resident gets them (the film's prep loads umT5 beside the compile warm-up)
+        with self._load_lock:
+            with self._lock:
+                missing = self._select(key, spec, components)  # what another load left to do
             if missing:
                 models = load_models(root, dataclasses.replace(spec, components=missing))
-                for c in missing:
-                    self._components[c] = getattr(models, c)
-                    self.loads[c] += 1
-            return {c: self._components[c] for c in components}
+                with self._lock:
+                    self._select(key, spec, components)
+                    for c in missing:
+                        self._components[c] = getattr(models, c)
+                        self.loads[c] += 1
+            with self._lock:
+                return {c: self._components[c] for c in components}
+
+    def _select(self, key: tuple[str, Any], spec: LoadSpec, components: tuple[str, ...]) -> tuple[str, ...]:
+        """Make `key` the resident set (dropping another) and the DiT the one `spec` asks for; the
+        components of `components` not resident. Called with `_lock` held."""
+        if key != self._key:
+            self._drop()
+            self._key = key
+        if "dit" in components and self._components.get("dit") is not None and self._multi != spec.multi:
+            self._drop(("dit",))  # one DiT at a time: single or multi
+        if "dit" in components:
+            self._multi = spec.multi
+        return tuple(c for c in components if c not in self._components)
 
     def warm(self, key: Any, run: Callable[[], float]) -> float | None:
         """Run the warm-up `run` once for `key` and the models now resident: its seconds, or None when the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,7 +28,7 @@ from tasks.infinitetalk import resident
 from tasks.infinitetalk.chunk import ChunkJob, ChunkModels, generate_chunk
 from tasks.infinitetalk.multi import stem_feature_files, two_speakers
 from tasks.infinitetalk.options import TiledVAE, VaeTiling, resolve_device
-from tasks.infinitetalk.region_map import ShotRegion, to_tensor, to_uint8
+from tasks.infinitetalk.region_map import ShotRegion, paste_frames, to_tensor, to_uint8
 from tasks.infinitetalk.settings import InfiniteTalkConfig
 from tasks.infinitetalk.timeline import FeatureTimeline, shot_feature_range
 from tasks.infinitetalk.timing import Stopwatch, TimedDiT, TimedVAE
@@ -145,6 +146,10 @@ class InfiniteTalkSession:
             self.job = dataclasses.replace(self.job, audio=stems, masks=masks)
         self._part = -1  # the part of a split plan that `job` / `stream_state` run (see _enter_part)
         self._source_cache: dict[int, np.ndarray] = {}
+        workers = backend.config.pipeline.composite_workers
+        self._paste_pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="paste") if workers > 1 else None
+        )  # the chunks' paste back (`region_map.paste_frames`); closed with the session
         self.stream_state = self._resume(resume_state)
         mh, mw = model_hw
         self.log.info(
@@ -317,17 +322,17 @@ class InfiniteTalkSession:
             raise RuntimeError(f"shot {self.plan.shot_index}: sampler ran chunk {index}, expected {c.index}")
         self.stream_state = state
         first_kept = c.new_start - c.model_start
-        region, tiny, indices = self.region, self.backend.tiny, self.plan.conform_indices(c)
+        region, tiny, pool = self.region, self.backend.tiny, self._paste_pool
+        indices = [k - first_kept for k in self.plan.conform_indices(c)]
+
+        def label(frame: np.ndarray, j: int) -> np.ndarray:
+            return label_tiny(frame, region.coded_box(j)) if region.dubbed(j) else frame
 
         def composite() -> np.ndarray:  # (n_out, H, W, 3) uint8: the generated crop pasted into each frame
             if inp.frames.shape[0] == 0:
                 return np.zeros((0, *self.coded_hw, 3), np.uint8)
-            frames = []
-            for t, k in enumerate(indices):
-                j = c.src_start + t
-                frame = region.paste(kept[k - first_kept], inp.frames[t], j)
-                frames.append(label_tiny(frame, region.coded_box(j)) if tiny and region.dubbed(j) else frame)
-            return np.stack(frames)
+            finish = label if tiny else None
+            return paste_frames(region, kept, indices, inp.frames, c.src_start, finish, pool)
 
         return composite
 
@@ -355,3 +360,5 @@ class InfiniteTalkSession:
 
     def close(self) -> None:
         self._source_cache.clear()
+        if self._paste_pool is not None:
+            self._paste_pool.shutdown(wait=True)

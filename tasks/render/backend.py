@@ -21,7 +21,8 @@ records of its weights, `backend_weights_identity`), `price(config, fallbacks=)`
 `shot_price(price, plan, regions)` (GPU seconds, `backend_price`, `backend_shot_price`),
 `model_size(config, decision, geometry, num_frames)` (the size a planned decision generates at, kept in
 the planning's record: `backend_model_size`) and, on an instance, `warm_up_planned(shots)` (the group's
-model load with its warm-up at its shots' planned sizes before the first shot: `backend_warm_up`).
+model load with its warm-up at its shots' planned sizes before the first shot: `backend_warm_up`; a
+hook that takes `film` also gets the film's `FilmInputs`, to make its per-film caches there).
 
 Optional gating (`GatingBackend`): a backend with `prepare_shot` decides per shot, before any chunk,
 whether the shot is dubbed at all (`ShotDecision`: speech in the dub slice, a face, policy); the
@@ -247,6 +248,14 @@ class PlannedShot:
     model_hw: tuple[int, int] | None
 
 
+@dataclass(frozen=True)
+class FilmInputs:
+    """What a group's lead-in may prepare for the whole film (the backend's per-film caches)."""
+
+    work_dir: Path  # the run's work dir (per-film caches under work_dir/film, as `ShotContext.work_dir`)
+    dialogue: Path  # the dub track (`DialogueTrack.path`)
+
+
 def planned_shot(config: Mapping[str, Any], record: Mapping[str, Any]) -> PlannedShot:
     """The `PlannedShot` of a film record (`flows.prepare.FilmPlan.records`; the global config dict `config`
     with the shot's overrides applied); a record without a planning decision has no model size."""
@@ -271,8 +280,13 @@ def backend_model_size(
     return None if hw is None else [int(hw[0]), int(hw[1])]
 
 
-def backend_warm_up(backend: Backend, shots: Sequence[PlannedShot]) -> dict[str, Any]:
+def backend_warm_up(
+    backend: Backend, shots: Sequence[PlannedShot], film: FilmInputs | None = None
+) -> dict[str, Any]:
     """The group's model load at its `shots`' planned sizes before the first shot (the backend's
-    `warm_up_planned`): what it did and its seconds, {} when nothing was loaded or warmed."""
+    `warm_up_planned`; `film`: the film's inputs, for a hook that prepares per-film caches beside it): what
+    it did and its seconds, {} when nothing was loaded or warmed."""
     hook = getattr(backend, "warm_up_planned", None)
-    return hook(shots) if hook is not None else {}
+    if hook is None:
+        return {}
+    return hook(shots, film=film) if "film" in inspect.signature(hook).parameters else hook(shots)
