@@ -214,6 +214,9 @@ class SpeakerConfig:
     content_on: float  # two or more faces: the best face's fit at least this, leading every other by
     content_margin: float  # ... this much, is the speaker
     content_lone: float  # a lone face fitting at least this says the speech, confidently
+    content_lone_off: float  # a lone face fitting at most this under speech: nobody on screen says it
+    content_switch_gain: float  # two faces: content's change of speaker must raise the fit by this
+    content_turn_min_s: float  # ... each turn at least this long
     content_min_s: float  # segments are scored over at least this much of the shot
     content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content
     # the film-level verdict (tasks.decision.film_speakers): the content map calibrated on the film's confident

@@ -43,7 +43,9 @@ rule (`tasks.perception.voices`) and run once; ``held_out_24`` and ``held_out_25
 committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fuse_asd` and run once;
 ``held_out_26`` and ``held_out_27`` likewise with seed 26 (not committed), composed after
 `tasks.perception.asd_speaker.doubt_out_of_sync` and run once; ``held_out_28`` and ``held_out_29`` pair seeds 25 and 26
-in new roles (new cases, no new person), composed after that run with no rule changed and run once.
+in new roles (new cases, no new person), composed after that run with no rule changed and run once;
+``held_out_30`` to ``held_out_33`` of four more people (seeds 27-30, not committed), composed for the content
+route's decision rules (issue 45) before those were settled, and run once with them.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -73,7 +75,7 @@ BG = 60
 FACE_H = {
     1: 102, 2: 126, 3: 138, 4: 106, 5: 153, 6: 145, 7: 127, 8: 124, 9: 122, 10: 141, 11: 156, 12: 163,
     13: 155, 14: 148, 15: 132, 16: 181, 17: 167, 18: 112, 19: 177, 20: 137, 21: 173, 22: 184, 23: 190,
-    24: 179, 25: 138, 26: 145,
+    24: 179, 25: 138, 26: 145, 27: 178, 28: 172, 29: 181, 30: 176,
 }  # fmt: skip
 
 
@@ -302,6 +304,14 @@ SETS = {
     # roles (no new person: new cases of seen people), run once
     "held_out_28": Material(25, 26, 20, b_phase=60, b_start=30, answer_start=49, reaction_talks=True),
     "held_out_29": Material(26, 25, 21, b_phase=10, b_start=45, answer_start=45),
+    # composed 2026-12-06 for the content route's decision rules (issue 45), before those rules were settled and
+    # before any case of them was run: four more people (seeds 27-30, VoxCeleb-style interview clips, not
+    # committed: tests/data/README.md), each set run once with the final rules; seed 28's speech starts at its
+    # frame 18 (never the opening voice; its answer from there or from its frame 63, its second line)
+    "held_out_30": Material(27, 28, 29, b_phase=30, b_start=20, answer_start=18, reaction_talks=True),
+    "held_out_31": Material(29, 30, 27, b_phase=50, b_start=35, answer_start=0),
+    "held_out_32": Material(30, 27, 28, b_phase=15, b_start=25, answer_start=10, reaction_talks=True),
+    "held_out_33": Material(29, 28, 30, b_phase=45, b_start=15, answer_start=63),
 }
 
 

@@ -34,7 +34,10 @@ class ContentSettings:
     on: float  # a face's mean shape correlation at least this: its lips say the speech (with two or more faces)
     margin: float  # ... leading every other scored face by this
     lone: float  # a lone face's fit at least this: it speaks, confidently
-    min_s: float  # segments are scored over at least this much of the shot, centred on them
+    min_s: float  # segments are scored over at least this much of their turn, centred on them
+    lone_off: float  # a lone face's fit at most this while speech is heard: nobody on screen says it
+    switch_gain: float  # two faces: a change of speaker must raise the span's fit by this
+    turn_min_s: float  # ... and leave each turn at least this long
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,77 @@ class ContentEvidence:
         np.ndarray
     )  # (n_tracks,) bool: not judged (still pictures, faces too small for their mouth's shape)
 
-    def scores(self, f0: int, f1: int, least: int) -> np.ndarray:
-        """(n_tracks,) content fit over [f0, f1) widened to ``least`` frames (NaN: not scored there)."""
-        n = self.pred.shape[0]
+    def scores(self, f0: int, f1: int, least: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """(n_tracks,) content fit over [f0, f1) widened to ``least`` frames within [lo, hi) (NaN: not
+        scored there)."""
+        hi = self.pred.shape[0] if hi is None else hi
         if f1 - f0 < least:
             mid = (f0 + f1) // 2
-            f0, f1 = max(0, mid - least // 2), min(n, mid - least // 2 + least)
-            f0 = max(0, min(f0, f1 - least))
+            f0, f1 = max(lo, mid - least // 2), min(hi, mid - least // 2 + least)
+            f0 = max(lo, min(f0, f1 - least))
         got = segment_scores(self.pred, self.shapes, self.speech, f0, f1)
         got[self.still] = np.nan
         return got
+
+    def spoken(self, f0: int, f1: int) -> int:
+        return int(np.count_nonzero(self.speech[f0:f1]))
+
+
+def turn_bounds(ev: ContentEvidence, a: int, b: int, cs: ContentSettings) -> list[int]:
+    """Frames inside [a, b) where content hears a change of speaker between two scored faces: the split whose
+    two sides are each said clearly (fit >= ``on``, leading every other face by ``margin``) by different faces
+    and whose speech-weighted fit beats the best single face over [a, b) by ``switch_gain``; each side is
+    searched again (binary segmentation), every turn at least ``turn_min_s`` long."""
+    m = max(8, round(cs.turn_min_s * ev.fps))
+    if b - a < 2 * m:
+        return []
+    whole = ev.scores(a, b, 0)
+    if np.isfinite(whole).sum() < 2:
+        return []
+    single = float(np.nanmax(whole))
+    step = max(2, (b - a) // 60)
+
+    def best_split(cands: range) -> tuple[float, int] | None:
+        found = None
+        for s in cands:
+            left, right = ev.scores(a, s, 0), ev.scores(s, b, 0)
+            wl, wr = ev.spoken(a, s), ev.spoken(s, b)
+            k, lead_l = _leader(left)
+            j, lead_r = _leader(right)
+            if k is None or j is None or k == j or wl + wr == 0:
+                continue
+            if min(left[k], right[j]) < cs.on or min(lead_l, lead_r) < cs.margin:
+                continue
+            val = (wl * left[k] + wr * right[j]) / (wl + wr)
+            if found is None or val > found[0]:
+                found = (val, s)
+        return found
+
+    got = best_split(range(a + m, b - m + 1, step))
+    if got is not None and step > 1:  # refine around the coarse best
+        got = best_split(range(max(a + m, got[1] - step + 1), min(b - m, got[1] + step - 1) + 1)) or got
+    if got is None or got[0] - single < cs.switch_gain:
+        return []
+    s = got[1]
+    return [*turn_bounds(ev, a, s, cs), s, *turn_bounds(ev, s, b, cs)]
+
+
+def _leader(c: np.ndarray) -> tuple[int | None, float]:
+    """The best-fitting scored face and its lead over the next (inf when it is alone)."""
+    ranked = sorted(((float(c[k]), k) for k in range(len(c)) if np.isfinite(c[k])), reverse=True)
+    if not ranked:
+        return None, 0.0
+    return ranked[0][1], (ranked[0][0] - ranked[1][0] if len(ranked) > 1 else np.inf)
+
+
+def _split(segments: list[SpeakerSegment], bounds: list[int]) -> list[SpeakerSegment]:
+    """The segments cut at ``bounds`` (frames)."""
+    out = []
+    for seg in segments:
+        cuts = [f for f in bounds if seg.start_frame < f < seg.end_frame]
+        edges = [seg.start_frame, *cuts, seg.end_frame]
+        out += [dataclasses.replace(seg, start_frame=p, end_frame=q) for p, q in zip(edges, edges[1:])]
+    return out
 
 
 def judge_content(
@@ -67,12 +131,20 @@ def judge_content(
 ) -> list[SpeakerSegment]:
     """The verdict's segments judged again on content (module docstring)."""
     least = round(cs.min_s * ev.fps)
+    n = ev.pred.shape[0]
+    spoken = [s for s in segments if s.status != "none"]
+    bounds = []
+    if spoken and ev.shapes.shape[0] > 1:
+        bounds = turn_bounds(ev, spoken[0].start_frame, spoken[-1].end_frame, cs)
+    edges = [0, *bounds, n]
+    lone = ev.shapes.shape[0] == 1
     out = []
-    for seg in segments:
+    for seg in _split(segments, bounds):
         if seg.status == "none":
             out.append(seg)
             continue
-        c = ev.scores(seg.start_frame, seg.end_frame, least)
+        i = int(np.searchsorted(edges, seg.start_frame, side="right")) - 1
+        c = ev.scores(seg.start_frame, seg.end_frame, least, edges[i], edges[i + 1])
         ranked = sorted(((float(c[k]), k) for k in range(len(c)) if np.isfinite(c[k])), reverse=True)
         if not ranked:
             out.append(seg)
@@ -83,6 +155,9 @@ def judge_content(
             if best >= cs.lone and seg.speaker in (None, who):
                 seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
                                           score=round(max(seg.score, 0.5 + 0.5 * strength), 3))  # fmt: skip
+            elif lone and best <= cs.lone_off:  # the only face on screen does not say what is heard
+                seg = dataclasses.replace(seg, status="none", speaker=None, runner_up=None,
+                                          score=round(0.5 + 0.5 * float(np.clip(cs.lone_off - best, 0, 1)), 3))  # fmt: skip
             out.append(seg)
             continue
         second, rival = ranked[1]

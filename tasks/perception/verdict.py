@@ -51,7 +51,10 @@ def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
 
 
 def content_settings(cfg: SpeakerConfig) -> ContentSettings:
-    return ContentSettings(cfg.content_on, cfg.content_margin, cfg.content_lone, cfg.content_min_s)
+    return ContentSettings(
+        cfg.content_on, cfg.content_margin, cfg.content_lone, cfg.content_min_s, cfg.content_lone_off,
+        cfg.content_switch_gain, cfg.content_turn_min_s,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
