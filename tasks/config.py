@@ -215,7 +215,8 @@ class SpeakerConfig:
     content_margin: float  # ... this much, is the speaker
     content_lone: float  # a lone face fitting at least this says the speech, confidently
     content_lone_off: float  # a lone face fitting at most this under speech: nobody on screen says it
-    content_switch_gain: float  # two faces: content's change of speaker must raise the fit by this
+    content_overrule: float  # two faces: content names another face than rhythm's likeliest only by this lead
+    content_voice_split: float  # two faces: content's change of speaker needs voices either side below this cosine
     content_turn_min_s: float  # ... each turn at least this long
     content_min_s: float  # segments are scored over at least this much of the shot
     content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content

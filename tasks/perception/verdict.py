@@ -52,8 +52,8 @@ def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
 
 def content_settings(cfg: SpeakerConfig) -> ContentSettings:
     return ContentSettings(
-        cfg.content_on, cfg.content_margin, cfg.content_lone, cfg.content_min_s, cfg.content_lone_off,
-        cfg.content_switch_gain, cfg.content_turn_min_s,
+        cfg.content_on, cfg.content_margin, cfg.content_lone, cfg.content_min_s, cfg.content_lone_off, cfg.content_overrule,
+        cfg.content_voice_split, cfg.content_turn_min_s,
     )  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def speaker_verdict(inp: VerdictInputs, cfg: SpeakerConfig, skip: Iterable[str] 
         )
         segments = fuse_asd(segments, learned, inp.n_frames, SyncEvidence(inp.lead, asd_set, inp.fps))
     if inp.content is not None and cfg.content != "off" and "content" not in skip:
-        segments = judge_content(segments, inp.content, content_settings(cfg))
+        segments = judge_content(segments, inp.content, content_settings(cfg), inp.voices)
     if (
         inp.voices is not None
         and cfg.voice_min_cos > 0
