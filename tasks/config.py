@@ -218,6 +218,9 @@ class SpeakerConfig:
     content_overrule: float  # two faces: content names another face than rhythm's likeliest only by this lead
     content_voice_split: float  # two faces: content's change of speaker needs voices either side below this cosine
     content_turn_min_s: float  # ... each turn at least this long
+    content_turn_guard_s: float  # ... the speech this close to such a change is uncertain
+    content_lone_none: bool  # a lone face fitting content_lone also says what rhythm gave nobody
+    content_per_turn: bool  # two faces: each turn (one voice) decided once on its whole length
     content_min_s: float  # segments are scored over at least this much of the shot
     content_min_px: float  # faces smaller than this (median, analysis pixels) are not judged on content
     # the film-level verdict (tasks.decision.film_speakers): the content map calibrated on the film's confident

@@ -40,6 +40,9 @@ class ContentSettings:
     overrule: float  # two faces: content settles a segment on another face than rhythm's likeliest only by this lead
     voice_split: float  # two faces: a change of speaker where the voices either side are below this cosine
     turn_min_s: float  # ... and leave each turn at least this long
+    turn_guard_s: float  # ... the speech this close to such a change is uncertain (its place is known to ~0.4 s)
+    lone_none: bool  # a lone face fitting at least ``lone`` also says what rhythm gave nobody
+    per_turn: bool  # two faces: each turn (one voice) decided once, on its whole length, before its segments
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,43 @@ def judge_content(
     if spoken and ev.shapes.shape[0] > 1:
         bounds = turn_bounds(ev, spoken[0].start_frame, spoken[-1].end_frame, cs, voices)
     edges = [0, *bounds, n]
+    guard = round(cs.turn_guard_s * ev.fps)
+    cuts = sorted({f for b in bounds for f in (b - guard, b, b + guard)})
     lone = ev.shapes.shape[0] == 1
+    pieces = _split(segments, cuts)
+    near = {id(p) for p in pieces if any(abs((p.start_frame + p.end_frame) / 2 - b) < guard for b in bounds)}
+    turn_of = {id(p): int(np.searchsorted(edges, p.start_frame, side="right")) - 1 for p in pieces}
+    decided = {}  # turn -> (face, fit): one voice, one speaker, said clearly over the whole turn
+    if cs.per_turn and not lone:
+        for i in range(len(edges) - 1):
+            mine = [p for p in pieces if turn_of[id(p)] == i and p.status != "none" and id(p) not in near]
+            if sum(p.end_frame - p.start_frame for p in mine) >= round(cs.turn_min_s * ev.fps):
+                decided[i] = _turn_face(mine, ev, cs)
+        # a change of voice is a change of speaker: the turns either side must both be said, by two faces
+        doubt = [i for i in range(len(bounds)) if decided.get(i) is None or decided.get(i + 1) is None
+                 or decided[i][0] == decided[i + 1][0]]  # fmt: skip
+        for i in doubt:
+            decided[i] = decided[i + 1] = None
     out = []
-    for seg in _split(segments, bounds):
-        if seg.status == "none":
+    for seg in pieces:
+        if seg.status == "none" and not (cs.lone_none and lone):
             out.append(seg)
             continue
-        i = int(np.searchsorted(edges, seg.start_frame, side="right")) - 1
+        if id(seg) in near:
+            # next to a change of voice, where it is not known to the frame: for review
+            out.append(dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3)))
+            continue
+        i = turn_of[id(seg)]
+        if decided.get(i) is not None:
+            who, fit = decided[i]
+            if seg.status == "speaker" and seg.speaker != who:  # rhythm sure of another face: for review
+                seg = dataclasses.replace(seg, status="uncertain", runner_up=seg.speaker, speaker=who,
+                                          score=round(0.5 * seg.score, 3))  # fmt: skip
+            else:
+                seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
+                                          score=round(max(seg.score, 0.5 + 0.5 * fit), 3))  # fmt: skip
+            out.append(seg)
+            continue
         c = ev.scores(seg.start_frame, seg.end_frame, least, edges[i], edges[i + 1])
         ranked = sorted(((float(c[k]), k) for k in range(len(c)) if np.isfinite(c[k])), reverse=True)
         if not ranked:
@@ -140,10 +173,12 @@ def judge_content(
         best, who = ranked[0]
         strength = float(np.clip(best, 0.0, 1.0))
         if len(ranked) == 1:
-            if best >= cs.lone and seg.speaker in (None, who):
+            if best >= cs.lone and seg.speaker in (None, who):  # also rhythm's "nobody" (lone_none)
                 seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
                                           score=round(max(seg.score, 0.5 + 0.5 * strength), 3))  # fmt: skip
-            elif lone and best <= cs.lone_off:  # the only face on screen does not say what is heard
+            elif seg.status == "none":
+                pass
+            elif lone and best <= cs.lone_off and seg.status == "uncertain":  # the only face does not say it
                 seg = dataclasses.replace(seg, status="none", speaker=None, runner_up=None,
                                           score=round(0.5 + 0.5 * float(np.clip(cs.lone_off - best, 0, 1)), 3))  # fmt: skip
             out.append(seg)
@@ -161,6 +196,24 @@ def judge_content(
             seg = dataclasses.replace(seg, speaker=who, runner_up=seg.speaker)
         out.append(seg)
     return _merge(out)
+
+
+def _turn_face(mine: list[SpeakerSegment], ev: ContentEvidence, cs: ContentSettings) -> tuple[int, float] | None:
+    """The face that says one turn's segments (``mine``, one voice): the best content fit over the whole turn,
+    at least ``on``, leading every other face by ``margin``, and rhythm's likeliest face over the turn (or
+    leading by ``overrule``); None when content cannot tell."""
+    c = ev.scores(mine[0].start_frame, mine[-1].end_frame, 0)
+    k, lead = _leader(c)
+    if k is None or not np.isfinite(lead) or c[k] < cs.on or lead < cs.margin:
+        return None
+    votes: dict[int, int] = {}
+    for p in mine:
+        if p.speaker is not None:
+            votes[p.speaker] = votes.get(p.speaker, 0) + p.end_frame - p.start_frame
+    rhythm = max(votes, key=votes.__getitem__) if votes else None
+    if rhythm not in (None, k) and lead < cs.overrule:
+        return None
+    return k, float(np.clip(c[k], 0.0, 1.0))
 
 
 def _fit(c: np.ndarray, k: int | None) -> float:

@@ -53,7 +53,7 @@ def asd_settings(cfg: SpeakerConfig) -> AsdSettings:
 def content_settings(cfg: SpeakerConfig) -> ContentSettings:
     return ContentSettings(
         cfg.content_on, cfg.content_margin, cfg.content_lone, cfg.content_min_s, cfg.content_lone_off, cfg.content_overrule,
-        cfg.content_voice_split, cfg.content_turn_min_s,
+        cfg.content_voice_split, cfg.content_turn_min_s, cfg.content_turn_guard_s, cfg.content_lone_none, cfg.content_per_turn,
     )  # fmt: skip
 
 
