@@ -40,7 +40,9 @@ class ContentSettings:
     overrule: float  # two faces: content settles a segment on another face than rhythm's likeliest only by this lead
     voice_split: float  # two faces: a change of speaker where the voices either side are below this cosine
     turn_min_s: float  # ... and leave each turn at least this long
-    turn_guard_s: float  # ... the speech this close to such a change is uncertain (its place is known to ~0.4 s)
+    turn_guard_s: (
+        float  # ... the speech this close to such a change is uncertain (its place is known to ~0.4 s)
+    )
     lone_none: bool  # a lone face fitting at least ``lone`` also says what rhythm gave nobody
     per_turn: bool  # two faces: each turn (one voice) decided once, on its whole length, before its segments
 
@@ -74,7 +76,9 @@ class ContentEvidence:
         return int(np.count_nonzero(self.speech[f0:f1]))
 
 
-def turn_bounds(ev: ContentEvidence, a: int, b: int, cs: ContentSettings, voices: VoicesOf | None) -> list[int]:
+def turn_bounds(
+    ev: ContentEvidence, a: int, b: int, cs: ContentSettings, voices: VoicesOf | None
+) -> list[int]:
     """Frames inside [a, b) where the voice changes: the point with the lowest cosine between the voices of
     `voices.WINDOW_S` of sound either side (every 2 frames, each side at least ``turn_min_s``), if below
     ``voice_split``; each side is searched again.  Content then judges each side on its own, so a line is never
@@ -109,7 +113,10 @@ def _split(segments: list[SpeakerSegment], bounds: list[int]) -> list[SpeakerSeg
     for seg in segments:
         cuts = [f for f in bounds if seg.start_frame < f < seg.end_frame]
         edges = [seg.start_frame, *cuts, seg.end_frame]
-        out += [dataclasses.replace(seg, start_frame=p, end_frame=q) for p, q in zip(edges, edges[1:], strict=False)]
+        out += [
+            dataclasses.replace(seg, start_frame=p, end_frame=q)
+            for p, q in zip(edges, edges[1:], strict=False)
+        ]
     return out
 
 
@@ -185,7 +192,9 @@ def judge_content(
             continue
         second, rival = ranked[1]
         decisive = best >= cs.on and best - second >= cs.margin
-        agrees = seg.speaker in (None, who) or best - second >= cs.overrule  # rhythm's likeliest face, or clear
+        agrees = (
+            seg.speaker in (None, who) or best - second >= cs.overrule
+        )  # rhythm's likeliest face, or clear
         if decisive and agrees and (seg.status != "speaker" or seg.speaker == who):
             seg = dataclasses.replace(seg, status="speaker", speaker=who, runner_up=None,
                                       score=round(max(seg.score, 0.5 + 0.5 * strength), 3))  # fmt: skip
@@ -198,7 +207,9 @@ def judge_content(
     return _merge(out)
 
 
-def _turn_face(mine: list[SpeakerSegment], ev: ContentEvidence, cs: ContentSettings) -> tuple[int, float] | None:
+def _turn_face(
+    mine: list[SpeakerSegment], ev: ContentEvidence, cs: ContentSettings
+) -> tuple[int, float] | None:
     """The face that says one turn's segments (``mine``, one voice): the best content fit over the whole turn,
     at least ``on``, leading every other face by ``margin``, and rhythm's likeliest face over the turn (or
     leading by ``overrule``); None when content cannot tell."""
