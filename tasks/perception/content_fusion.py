@@ -1,19 +1,20 @@
 """Content decides: the fused rhythm verdict (`tasks.perception.asd_speaker.fuse_asd`) judged again on what each
-face's mouth *says* (`tasks.perception.content`).
+face's mouth *says* (`tasks.perception.content`), with the voices of the shot's sound to tell turns apart.
 
-Rhythm (agreement, Light-ASD's lead) cannot tell which of two moving mouths says the words, and a lone face
-alone has nothing to be ranked against; mouth shapes against the sound's content can.  Per segment of the
-verdict (scored over at least ``min_s``, centred on it, so a short line is judged on its neighbourhood too)
-each scored face gets its content fit (`tasks.perception.content.segment_scores`):
+Rhythm (agreement, Light-ASD's lead) cannot tell which of two moving mouths says the words, and a lone face has
+nothing to be ranked against; mouth shapes against the sound's content can (docs/speaker.md has the settings):
 
-- two or more faces: the best face at ``on`` or above, leading every other by ``margin``, settles an
-  uncertain segment (it is the speaker, confidently) and confirms a confident one; a confident speaker that
-  another face out-says by ``margin`` is uncertain (both named): content and rhythm disagreeing is a review;
-- a lone face at ``lone`` or above says the speech: confident (the simplest shot of any film);
-- otherwise the verdict stands (content cannot separate them: that is what "uncertain" is for), an
-  uncertain segment naming the best-fitting face when content has one.
+- two or more scored faces: the speech is cut where the voice changes (`turn_bounds`), the speech next to a
+  change left uncertain; each turn (one voice) is judged once on its whole length (`_turn_face`): its clear
+  best fit, if rhythm's likeliest face too or leading by ``overrule``, speaks every segment of it, confidently
+  (a segment rhythm was sure of for another face: uncertain); across a change both turns must be said, by two
+  faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
+- a lone face fitting ``lone`` or more says the speech, confidently; fitting ``lone_off`` or less where rhythm
+  is unsure, nobody on screen says it (a reaction shot);
+- otherwise the verdict stands (that is what "uncertain" is for), an uncertain segment naming the
+  best-fitting face when content has one.
 
-"none" segments are left alone (no face on screen says the line).  Pure numpy.
+Pure numpy; the voice embeddings are passed in.
 """
 
 from __future__ import annotations
