@@ -77,11 +77,15 @@ class ContentEvidence:
         return int(np.count_nonzero(self.speech[f0:f1]))
 
 
+# frames between the candidate changes of voice (GE2E on both sides of each): 4 found the same turns as 2 on the
+# 210 replayed cases and the unseen sets at half the voice encoder's cost (benchmarks/RESULTS.md)
+SCAN_STEP = 4
+
 def turn_bounds(
     ev: ContentEvidence, a: int, b: int, cs: ContentSettings, voices: VoicesOf | None
 ) -> list[int]:
     """Frames inside [a, b) where the voice changes: the point with the lowest cosine between the voices of
-    `voices.WINDOW_S` of sound either side (every 2 frames, each side at least ``turn_min_s``), if below
+    `voices.WINDOW_S` of sound either side (every `SCAN_STEP` frames, each side at least ``turn_min_s``), if below
     ``voice_split``; each side is searched again.  Content then judges each side on its own, so a line is never
     scored across a change of speaker (content alone moved its best split by up to 0.7 s on the replay, and
     found changes inside one voice's line)."""
@@ -89,7 +93,7 @@ def turn_bounds(
     if voices is None or b - a < 2 * m or ev.spoken(a, b) < 2 * m:
         return []
     win = round(WINDOW_S * ev.fps)
-    cands = list(range(a + m, b - m + 1, 2))
+    cands = list(range(a + m, b - m + 1, SCAN_STEP))
     spans = [(max(a, s - win), s) for s in cands] + [(s, min(b, s + win)) for s in cands]
     emb = voices(spans)  # (2 * len(cands), D) unit vectors, one batch
     cos = np.einsum("nd,nd->n", emb[: len(cands)], emb[len(cands) :])
