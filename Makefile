@@ -49,11 +49,10 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	|| echo "make: no Chromium (not root?): tests/test_review_e2e.py's browser test skips"
 
-# TEST_WORKERS=2 runs the test files on 2 pytest-xdist workers (whole files per worker, the longest first:
-# tests/scheduling.py). The default stays one process until the whole suite is measured both ways on an idle
-# 2-core box: on the loaded box a tiny-model film test passed pytest-timeout's 900 s on a worker
-# (benchmarks/RESULTS.md, "make test").
-TEST_WORKERS ?= 0
+# The test files run on TEST_WORKERS pytest-xdist workers (whole files per worker, the longest first, each
+# worker's torch threads the cores shared out: tests/scheduling.py, tests/conftest.py); TEST_WORKERS=0 is one
+# process. Two on a 2-core box: benchmarks/RESULTS.md ("make test", both ways).
+TEST_WORKERS ?= 2
 test: setup chromium $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
 	DUBFLOW_TEST_FFMPEGS="$$(test -x $(FFMPEG7) && realpath $(FFMPEG7))" \
 		$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
