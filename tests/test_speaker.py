@@ -64,15 +64,38 @@ def test_two_talking_faces_are_right_or_uncertain(decided, name):
         assert side == case.truth[0][2] or status == "uncertain", (d.reason, start, end, side)
 
 
+def _merged(sides: list[tuple[int, int, str, str]]) -> list[tuple[int, int, str, str]]:
+    """Adjacent regions on the same side as one (the status of the first kept)."""
+    out: list[tuple[int, int, str, str]] = []
+    for s in sides:
+        if out and out[-1][2] == s[2] and out[-1][1] == s[0]:
+            out[-1] = (out[-1][0], s[1], s[2], out[-1][3])
+        else:
+            out.append(s)
+    return out
+
+
 def test_turn_taking_switches_near_the_truth(decided):
+    """Each turn on its own face. The content stage leaves the speech within `content_turn_guard_s` of a change
+    of voice uncertain (for review; the change is placed to about half a second), which the default policy
+    dubs on the likeliest face: an uncertain piece may sit at the switch, never a confident wrong one."""
     case, d = decided["turn_taking"]
-    sides = _dubbed_sides(d)
-    assert [s[2] for s in sides] == ["left", "right"], (d.reason, sides)
-    switch_s = sides[1][0] / FPS
-    assert abs(switch_s - case.truth[1][0]) <= 0.5, (switch_s, d.reason)
+    raw = _dubbed_sides(d)
+    assert all(status == "speaker" for *_, status in (raw[0], raw[-1])), raw  # both turns confident somewhere
+    sides = _merged(raw)
+    assert [s[2] for s in sides] == ["left", "right"], (d.reason, raw)
+    switch_s, truth_s = sides[1][0] / FPS, case.truth[1][0]
+    band = [r for r in raw if r[3] == "uncertain" and r[0] / FPS - 0.5 <= truth_s <= r[1] / FPS + 0.5]
+    # the switch near the truth, or the truth inside the uncertain band around it (the band is dubbed on one
+    # face today: its turns are merged into one region; the review settles it)
+    assert abs(switch_s - truth_s) <= 0.5 or band, (switch_s, d.reason, raw)
     assert sides[0][0] == 0 and sides[-1][1] == case.frames.shape[0]  # the turns cover the shot
-    cover = turn_coverage(case, [s[:3] for s in sides])
-    assert min(cover) >= 0.9, (cover, sides)  # each whole turn is dubbed, none of it reads as nobody
+    if band:  # each turn confidently on its own face outside the band, nothing confident on the wrong face
+        cover = turn_coverage(case, [r[:3] for r in raw if r[3] == "speaker"])
+        assert min(cover) >= 0.6, (cover, raw)
+    else:
+        cover = turn_coverage(case, [s[:3] for s in sides])
+        assert min(cover) >= 0.9, (cover, sides)  # each whole turn is dubbed, none of it reads as nobody
 
 
 def test_the_analysis_is_cached_and_reused(tmp_path):
