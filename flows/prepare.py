@@ -52,6 +52,7 @@ class FilmSteps(Protocol):
 
     def probe(self, source: str) -> dict[str, Any]: ...
     def open(self, video: dict[str, Any]) -> None: ...  # where the film's work files go (checks first)
+    def claim(self) -> None: ...  # the output, once every check of the inputs passed
     def shots(self, video: dict[str, Any]) -> dict[str, Any]: ...
     def dialogue(self, audio: str, frame_count: int, fps: str) -> dict[str, Any]: ...
     def stems(self, stems: dict[str, str], frame_count: int, fps: str) -> dict[str, dict[str, Any]]: ...
@@ -89,7 +90,7 @@ def prepare_film(
 
     probe -> (open the work folder) -> shots -> dialogue (decode, length check) [-> stems] -> chunk plans
     with each shot's audio slice bounds; `through="plans"` stops there (`dubflow plan` JSON). Then the shot
-    plan file's overrides (`plan`), and with `decide` (the backend gates shots): the cast (characters and
+    plan file's overrides (`plan`), the output claimed (`claim`: after the inputs' last check), and with `decide` (the backend gates shots): the cast (characters and
     who speaks when, when linked) -> the film's speakers (`speaker.film`: every shot analysed, judged again
     with the film's calibrated content map and bound voices) -> shot keys -> every shot's dub decision
     (record["decision"]).
@@ -107,6 +108,7 @@ def prepare_film(
         return FilmPlan(video, shots, track, stem_tracks, records)
     if plan:
         records = steps.plan_file(plan, records, video)
+    steps.claim()  # the inputs' last check passed: only now is anything created where the output goes
     cast = None
     if decide and cast_active(cfg, stems):  # characters and who speaks when, before the keys
         cast = CastPlan(**steps.characters(video, records, track.to_dict(), stem_tracks))
@@ -168,6 +170,9 @@ class LocalSteps:
     def open(self, video: dict[str, Any]) -> None:
         for folder in (self.scratch, self.work_dir):
             folder.mkdir(parents=True, exist_ok=True)
+
+    def claim(self) -> None:
+        """No output: the local preparation delivers nothing."""
 
     def shots(self, video: dict[str, Any]) -> dict[str, Any]:
         return detect_shots(VideoInfo.from_dict(video), self.cfg.shots).to_dict()

@@ -340,3 +340,29 @@ def test_a_refused_workspace_root_is_never_created(tmp_path: Path):
     assert code == 1 and "outside the workspace roots" in err, err
     assert not elsewhere.exists()  # not even the run's log folder
     assert not (films / "o.mp4").exists()
+
+
+def _bad_plan(path: Path, **shot) -> Path:
+    """A shot plan naming shot 1 (0-10) of the small films, with `shot`'s fields over that entry."""
+    entry = {"index": 1, "start_frame": 10, "end_frame": 20, "override": {"dub": "auto"}, **shot}
+    path.write_text(json.dumps({"format": "dubflow-shot-plan/1", "shots": [entry]}))  # JSON is YAML
+    return path
+
+
+def test_a_bad_plan_file_leaves_no_output_folder_behind(tmp_path: Path):
+    """A plan file with an invalid field (the deployment's path: no CLI check before the flow) or written for
+    another film (found only once the film's shots are) is refused before anything is created where the
+    output goes: not its folder, not a lock in it."""
+    src, audio = film(tmp_path)
+    invalid = _bad_plan(tmp_path / "invalid.yaml", override={"dub": "auto", "sed": 3})
+    with pytest.raises(ConfigError, match="unknown override field 'sed'"):
+        dub(src, audio, tmp_path / "a" / "o.mp4", config(tmp_path), plan=str(invalid))
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "ws").exists()  # refused before the workspace too: nothing probed or decoded
+    other = _bad_plan(tmp_path / "other.yaml", index=7, start_frame=70, end_frame=80)
+    code, err = cli(
+        "dub", str(src), "--audio", str(audio), "--out", str(tmp_path / "b" / "o.mp4"), "--plan", str(other),
+        "--no-prefect", "--backend", "passthrough", "--set", f"workspace.root={tmp_path / 'ws'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 1 and f"{other}: shot 7: no such shot" in err, err
+    assert not (tmp_path / "b").exists()
