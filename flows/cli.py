@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
 
     updates = None
     if getattr(args, "cast", None):

@@ -69,7 +69,7 @@ from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, ren
 from flows.runtime import describe_place, run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
 from tasks.backends import backend_option
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.plan_file import read_plan, write_plan
 from tasks.decision.review import (

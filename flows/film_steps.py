@@ -30,7 +30,7 @@ from flows.film_tasks import (
     timeline_paths,
 )
 from flows.run_report import report_paths
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.media.profiles import check_size, delivery
 from tasks.render.preflight import check_frame_size
 from tasks.run.outputs import claim_output

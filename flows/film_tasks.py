@@ -19,7 +19,7 @@ from prefect import task
 
 from flows.progress import artifact_key
 from flows.runtime import run_logger
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import film_cast
 from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans
 from tasks.decision.plan_file import plan_overrides

@@ -18,7 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import CastPlan, cast_active, film_cast
 from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans, with_film_speakers
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json

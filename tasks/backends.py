@@ -5,7 +5,7 @@ Ground, so every wing may ask "the backend" without importing it: `BACKENDS` map
 imports the model), and to the light module of its own settings, which every config asks (so loading a
 config never imports the model either). Adding a backend costs its own wing plus one line here. The hooks
 a factory may carry are listed in `tasks.render.backend`. A settings module may carry `SECTION` (the YAML
-section of its options), `typed_sections(sections, where)` (with which `tasks.config.PipelineConfig` types
+section of its options), `typed_sections(sections, where)` (with which `tasks.config.pipeline.PipelineConfig` types
 the configured backend's own YAML sections) and:
 
 `effective_options(config)`: the plain config dict with the backend's own sections made effective

@@ -25,6 +25,7 @@ TASKS_ORDER = [
     "timeline",
     "picture",
     "media",
+    "config",
     "<root>",
 ]
 MODEL_ORDER = ["weights", "runtime", "network", "sampling", "speaker", "<root>"]
@@ -146,7 +147,7 @@ def test_generic_code_asks_the_backend_hooks() -> None:
 def test_the_report_notes_come_from_the_backend() -> None:
     """The tiny random model's label reaches a run's report through the backend's `run_notes` hook."""
     from flows.delivery import _run_notes
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.infinitetalk.tiny import TINY_LABEL
 
     tiny = load_config(None, ["backend.name=infinitetalk"])

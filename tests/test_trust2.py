@@ -129,7 +129,7 @@ def test_a_shot_partition_from_another_film_is_detected_again(tmp_path: Path):
 
 
 def test_a_face_analysis_of_another_film_is_not_reused(tmp_path: Path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.decision.shot_decision import decide_shot, faces_path
     from tests.speaker_cases import FPS, SR, cases, encode, faceless
 
@@ -216,7 +216,7 @@ def test_a_fifo_given_as_an_input_is_refused_at_once_never_waited_on(tmp_path: P
 
 
 def test_a_small_yaml_document_cannot_expand_without_limit(tmp_path: Path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.decision.plan_file import read_plan
 
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from tasks.backends import plan_fields, plan_options
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.overrides import region_overrides, turn_answers
 from tasks.errors import ConfigError
 from tasks.files import load_yaml

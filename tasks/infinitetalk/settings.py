@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tasks.config import build_section
+from tasks.config.schema import build_section
 from tasks.errors import ConfigError
 
 SECTION = "infinitetalk"  # the YAML section of this backend's options
