@@ -208,14 +208,11 @@ def plan_characters(
     def mono(t: DialogueTrack):
         return read_samples(t, 0, t.n_samples).mean(axis=1)
 
-    spans = [
-        (r["index"], r["plan"]["start_frame"], r["plan"]["end_frame"], tuple(r["audio_range"]))
-        for r in records
-    ]
     stem_mono = {n: mono(DialogueTrack.from_dict(t)) for n, t in stems.items()}
     cast = film_cast(
-        info, spans, lambda a, b: read_samples(track, a, b), track.sample_rate, stem_mono, cfg_of, work_dir
-    )
+        info, record_spans(records), lambda a, b: read_samples(track, a, b), track.sample_rate, stem_mono,
+        cfg_of, work_dir,
+    )  # fmt: skip
     atomic_write_json(Path(work_dir) / "characters.json", {"characters": list(cast.characters)})
     run_logger(log).info(
         "characters: %s", ", ".join(f"{c['name'] or c['id']} (shots {c['shots']})" for c in cast.characters)

@@ -201,13 +201,9 @@ class LocalSteps:
     ) -> dict[str, Any]:  # fmt: skip
         """The film's characters (`tasks.decision.cast.film_cast`), as `flows.film_tasks.plan_characters`."""
         dialogue = DialogueTrack.from_dict(track)
-        spans = [
-            (r["index"], r["plan"]["start_frame"], r["plan"]["end_frame"], tuple(r["audio_range"]))
-            for r in records
-        ]
         mono = {n: _mono(DialogueTrack.from_dict(t)) for n, t in stems.items()}
         cast = film_cast(
-            VideoInfo.from_dict(video), spans, lambda a, b: read_samples(dialogue, a, b),
+            VideoInfo.from_dict(video), record_spans(records), lambda a, b: read_samples(dialogue, a, b),
             dialogue.sample_rate, mono, lambda _i: self.cfg, self.work_dir,
         )  # fmt: skip
         return cast.to_dict()
