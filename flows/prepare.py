@@ -26,7 +26,7 @@ from tasks.media.audio import DialogueTrack, prepare_dialogue, read_samples, sli
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import backend_model_size
 from tasks.timeline.plan import plan_film
-from tasks.timeline.shot_key import shot_config
+from tasks.timeline.shot_key import shot_config, shot_configs
 from tasks.timeline.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
@@ -213,15 +213,10 @@ class LocalSteps:
     ) -> dict[str, Any]:
         """Who speaks over the whole film (`tasks.decision.film_speakers`), as `flows.film_tasks.judge_speakers`."""
         dialogue = DialogueTrack.from_dict(track)
-        config = self.cfg.to_dict()
-        by_index = {r["index"]: r for r in records}
-
-        def cfg_of(index: int) -> PipelineConfig:
-            return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
-
         verdict = film_speakers(
             VideoInfo.from_dict(video), record_spans(records), lambda a, b: read_samples(dialogue, a, b),
-            dialogue.sample_rate, cfg_of, self.work_dir, cast_characters(records),
+            dialogue.sample_rate, shot_configs(self.cfg.to_dict(), records), self.work_dir,
+            cast_characters(records),
         )  # fmt: skip
         return verdict.to_dict()
 
