@@ -17,7 +17,9 @@ the output delivers is locked (``.<name>.dubflow.lock``, the film's and each sid
 started with the same ``out``, or with another output sharing a sidecar, fails at once naming the first.
 The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``, `output_comment`) for
 people and tools; nothing trusts it. The local ``dubflow dub --out`` is not confined (`local_output`):
-its user chose the path at their own shell; only the foreign-file rule applies to it. No Prefect here.
+its user chose the path at their own shell; only the foreign-file rule applies to it. A local command that
+fills a folder with many files (`dubflow weights download --to`) writes through `delivered_folder`: the
+same rules per file, staged privately and moved in only once the whole fill succeeded. No Prefect here.
 """
 
 from __future__ import annotations
