@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.probe import probe
 from tasks.perception.face_analysis import analyse_shot, source_speech
 from tests.av_cases import canvas

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from smoke_real import make_real_shot
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media import ffmpeg
 from tasks.media.probe import probe
 from tasks.render.shot_qc import write_shot_qc

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.intermediates import record_written
 from tasks.media.probe import probe

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tasks.config import load_config  # noqa: E402
+from tasks.config.pipeline import load_config  # noqa: E402
 from tasks.infinitetalk import InfiniteTalkBackend, load_spec, resolve_options  # noqa: E402
 from tasks.infinitetalk.cache import cached_tensors  # noqa: E402
 from tasks.infinitetalk.options import resolve_device  # noqa: E402

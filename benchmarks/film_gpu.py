@@ -370,7 +370,7 @@ def _chunks_of(args: argparse.Namespace, manifest: dict[str, Any], shot: int) ->
     """Chunks of the kill shot by the product's own plan (so a one-chunk shot is killed on time instead)."""
     from fractions import Fraction
 
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.timeline.plan import plan_shot
     from tasks.timeline.shots import Shot
 

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.estimate import estimate_film
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tests.film_cases import FILM, N, Shot, film_audio, side_of, voice, write_film
 from tests.speaker_cases import SR
 

@@ -159,7 +159,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from tasks import infinitetalk as it
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.infinitetalk.options import resolve_device
     from tasks.infinitetalk.session import sampler_settings
     from tasks.infinitetalk.timing import Stopwatch

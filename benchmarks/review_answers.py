@@ -21,7 +21,7 @@ from pathlib import Path
 
 from flows.film_tasks import review_identities
 from flows.prepare import LocalSteps, prepare_film
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.review import NOBODY, face_label, film_turns, settle
 from tests.cast_cases import HALF, N, write_film
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tasks.perception.asd_speaker as asd_speaker
 import tasks.perception.face_analysis as face_analysis
 from scripts.fit_content_prior import load_heads
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.files import atomic_write_bytes

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, extra: list[str] | None = None) -> Any:
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
 
     updates = None
     if getattr(args, "cast", None):
@@ -356,7 +356,7 @@ def _resume_line(ex: KeyboardInterrupt, argv: list[str]) -> str:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from model.weights.layout import download_weights, has_multi, verify_weights
+    from model.weights.layout import download_files, download_weights, has_multi, verify_weights
 
     if args.weights_command == "verify":
         problems = verify_weights(Path(args.dir), args.mode, args.quant, multi=args.multi)
@@ -372,7 +372,15 @@ def cmd_weights(args: argparse.Namespace) -> int:
         )
         print(f"{args.dir}: weights OK ({args.mode}, quant {args.quant}; {multi})")
         return 0
-    print(download_weights(Path(args.to), args.mode, args.quant, multi=args.multi))
+    from tasks.run.outputs import delivered_folder
+
+    # by the delivery rules: staged privately, then each file moved in with its record; never over a file
+    # dubflow did not write (every file known in advance is checked before anything is created or fetched)
+    expected = [f.path for f in download_files(args.mode, args.quant, multi=args.multi)]
+    key = f"weights:{args.mode}:{args.quant}"
+    with delivered_folder(args.to, key, expected, stem="weights") as staged:
+        download_weights(staged, args.mode, args.quant, multi=args.multi)
+    print(Path(args.to).expanduser().resolve())
     return 0
 
 

@@ -18,7 +18,7 @@ from flows.film_tasks import (
 from flows.progress import artifact_key, publish_summary
 from flows.run_report import write_run_report
 from tasks.backends import settings_hook
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.render.shot import PREVIEW_LABEL
 from tasks.run.outputs import output_comment
 from tasks.run.workspace import (

@@ -69,9 +69,9 @@ from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, ren
 from flows.runtime import describe_place, run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
 from tasks.backends import backend_option
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
-from tasks.decision.plan_file import write_plan
+from tasks.decision.plan_file import read_plan, write_plan
 from tasks.decision.review import (
     film_turns,
     fresh_plan,
@@ -353,7 +353,8 @@ def _checked(
     check_container(cfg.encode, out)
     check_run_config(cfg)  # the backend's own options too: none fails first on a worker
     stems = parse_stems(stems, "stems")
-    if plan:  # the shot plan's characters: section names the automatic clusters
+    if plan:  # a malformed plan fails here (its shots are checked against the film's once they are found);
+        read_plan(plan)  # its characters: section names the automatic clusters
         cfg = dataclasses.replace(
             cfg, cast=dataclasses.replace(cfg.cast, names={**cfg.cast.names, **plan_names(plan)})
         )

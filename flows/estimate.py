@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.prepare import LocalSteps, prepare_film
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.decision.cast import check_cast
 from tasks.errors import ConfigError
 from tasks.media.probe import VideoInfo

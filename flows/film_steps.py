@@ -30,7 +30,7 @@ from flows.film_tasks import (
     timeline_paths,
 )
 from flows.run_report import report_paths
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.media.profiles import check_size, delivery
 from tasks.render.preflight import check_frame_size
 from tasks.run.outputs import claim_output
@@ -84,10 +84,15 @@ class FlowSteps:
         return video
 
     def open(self, video: dict[str, Any]) -> None:
-        """The run workspace, held locked until the run ends; an output of another pass is refused here."""
+        """The run workspace, held locked until the run ends."""
         args = (self.source, self.cfgd, self.cfg.workspace.root)
         ws = Workspace.from_dict(self.runner.call(open_film_workspace, *args, name=self.name))
         self.ws, self.video = _lock_workspace(self.held, self.runner, ws, self.source, self.cfg), video
+
+    def claim(self) -> None:
+        """The output and the files it delivers, locked until the run ends (an output of another pass is
+        refused here): once the inputs' last check (the plan file's, against the film's shots) passed, so a
+        refused run leaves nothing under the output's folder, not even the folder."""
         self.dest = claim_output(
             self.held, self.out, self.ws.key, self.overwrite,
             [*timeline_paths(self.out, self.cfgd), *report_paths(self.out)],

@@ -19,7 +19,7 @@ from prefect import task
 
 from flows.progress import artifact_key
 from flows.runtime import run_logger
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import film_cast
 from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans
 from tasks.decision.plan_file import plan_overrides
@@ -49,7 +49,7 @@ from tasks.run.workspace import (
 )
 from tasks.timeline.export import EXTRA_FORMATS, film_timeline, write_extra_timelines, write_timeline
 from tasks.timeline.plan import plan_film
-from tasks.timeline.shot_key import shot_config, shot_inputs
+from tasks.timeline.shot_key import shot_config, shot_configs, shot_inputs
 from tasks.timeline.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
@@ -200,22 +200,16 @@ def plan_characters(
     analyses and per-track embeddings, cached in the run workspace, then each stem's speech); the
     characters are also written to ``characters.json`` in the workspace."""
     info, track = VideoInfo.from_dict(video), DialogueTrack.from_dict(dialogue)
-    by_index = {r["index"]: r for r in records}
-
-    def cfg_of(index: int) -> PipelineConfig:
-        return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
+    cfg_of = shot_configs(config, records)
 
     def mono(t: DialogueTrack):
         return read_samples(t, 0, t.n_samples).mean(axis=1)
 
-    spans = [
-        (r["index"], r["plan"]["start_frame"], r["plan"]["end_frame"], tuple(r["audio_range"]))
-        for r in records
-    ]
     stem_mono = {n: mono(DialogueTrack.from_dict(t)) for n, t in stems.items()}
     cast = film_cast(
-        info, spans, lambda a, b: read_samples(track, a, b), track.sample_rate, stem_mono, cfg_of, work_dir
-    )
+        info, record_spans(records), lambda a, b: read_samples(track, a, b), track.sample_rate, stem_mono,
+        cfg_of, work_dir,
+    )  # fmt: skip
     atomic_write_json(Path(work_dir) / "characters.json", {"characters": list(cast.characters)})
     run_logger(log).info(
         "characters: %s", ", ".join(f"{c['name'] or c['id']} (shots {c['shots']})" for c in cast.characters)
@@ -232,13 +226,9 @@ def judge_speakers(
     cached in the run workspace; the content map calibrated on the film's confident single-face lines; voices
     bound to characters): the changed shots' segments, which the planning puts into their `cast.shot`."""
     info, track = VideoInfo.from_dict(video), DialogueTrack.from_dict(dialogue)
-    by_index = {r["index"]: r for r in records}
-
-    def cfg_of(index: int) -> PipelineConfig:
-        return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
-
     verdict = film_speakers(
-        info, record_spans(records), lambda a, b: read_samples(track, a, b), track.sample_rate, cfg_of, work_dir,
+        info, record_spans(records), lambda a, b: read_samples(track, a, b), track.sample_rate,
+        shot_configs(config, records), work_dir,
         cast_characters(records),
     )  # fmt: skip
     run_logger(log).info(

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.render.backend import backend_price, backend_shot_price
 from tasks.render.cost import ChunkPrice
 from tasks.timeline.plan import ShotPlan

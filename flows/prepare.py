@@ -18,7 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import CastPlan, cast_active, film_cast
 from tasks.decision.film_speakers import cast_characters, film_speakers, record_spans, with_film_speakers
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
@@ -26,7 +26,7 @@ from tasks.media.audio import DialogueTrack, prepare_dialogue, read_samples, sli
 from tasks.media.probe import VideoInfo, probe
 from tasks.render.backend import backend_model_size
 from tasks.timeline.plan import plan_film
-from tasks.timeline.shot_key import shot_config
+from tasks.timeline.shot_key import shot_config, shot_configs
 from tasks.timeline.shots import ShotList, detect_shots
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class FilmSteps(Protocol):
 
     def probe(self, source: str) -> dict[str, Any]: ...
     def open(self, video: dict[str, Any]) -> None: ...  # where the film's work files go (checks first)
+    def claim(self) -> None: ...  # the output, once every check of the inputs passed
     def shots(self, video: dict[str, Any]) -> dict[str, Any]: ...
     def dialogue(self, audio: str, frame_count: int, fps: str) -> dict[str, Any]: ...
     def stems(self, stems: dict[str, str], frame_count: int, fps: str) -> dict[str, dict[str, Any]]: ...
@@ -89,7 +90,7 @@ def prepare_film(
 
     probe -> (open the work folder) -> shots -> dialogue (decode, length check) [-> stems] -> chunk plans
     with each shot's audio slice bounds; `through="plans"` stops there (`dubflow plan` JSON). Then the shot
-    plan file's overrides (`plan`), and with `decide` (the backend gates shots): the cast (characters and
+    plan file's overrides (`plan`), the output claimed (`claim`: after the inputs' last check), and with `decide` (the backend gates shots): the cast (characters and
     who speaks when, when linked) -> the film's speakers (`speaker.film`: every shot analysed, judged again
     with the film's calibrated content map and bound voices) -> shot keys -> every shot's dub decision
     (record["decision"]).
@@ -107,6 +108,7 @@ def prepare_film(
         return FilmPlan(video, shots, track, stem_tracks, records)
     if plan:
         records = steps.plan_file(plan, records, video)
+    steps.claim()  # the inputs' last check passed: only now is anything created where the output goes
     cast = None
     if decide and cast_active(cfg, stems):  # characters and who speaks when, before the keys
         cast = CastPlan(**steps.characters(video, records, track.to_dict(), stem_tracks))
@@ -169,6 +171,9 @@ class LocalSteps:
         for folder in (self.scratch, self.work_dir):
             folder.mkdir(parents=True, exist_ok=True)
 
+    def claim(self) -> None:
+        """No output: the local preparation delivers nothing."""
+
     def shots(self, video: dict[str, Any]) -> dict[str, Any]:
         return detect_shots(VideoInfo.from_dict(video), self.cfg.shots).to_dict()
 
@@ -196,13 +201,9 @@ class LocalSteps:
     ) -> dict[str, Any]:  # fmt: skip
         """The film's characters (`tasks.decision.cast.film_cast`), as `flows.film_tasks.plan_characters`."""
         dialogue = DialogueTrack.from_dict(track)
-        spans = [
-            (r["index"], r["plan"]["start_frame"], r["plan"]["end_frame"], tuple(r["audio_range"]))
-            for r in records
-        ]
         mono = {n: _mono(DialogueTrack.from_dict(t)) for n, t in stems.items()}
         cast = film_cast(
-            VideoInfo.from_dict(video), spans, lambda a, b: read_samples(dialogue, a, b),
+            VideoInfo.from_dict(video), record_spans(records), lambda a, b: read_samples(dialogue, a, b),
             dialogue.sample_rate, mono, lambda _i: self.cfg, self.work_dir,
         )  # fmt: skip
         return cast.to_dict()
@@ -212,15 +213,10 @@ class LocalSteps:
     ) -> dict[str, Any]:
         """Who speaks over the whole film (`tasks.decision.film_speakers`), as `flows.film_tasks.judge_speakers`."""
         dialogue = DialogueTrack.from_dict(track)
-        config = self.cfg.to_dict()
-        by_index = {r["index"]: r for r in records}
-
-        def cfg_of(index: int) -> PipelineConfig:
-            return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
-
         verdict = film_speakers(
             VideoInfo.from_dict(video), record_spans(records), lambda a, b: read_samples(dialogue, a, b),
-            dialogue.sample_rate, cfg_of, self.work_dir, cast_characters(records),
+            dialogue.sample_rate, shot_configs(self.cfg.to_dict(), records), self.work_dir,
+            cast_characters(records),
         )  # fmt: skip
         return verdict.to_dict()
 

@@ -33,7 +33,7 @@ from pydantic import Field, create_model
 from flows.film_steps import FlowSteps
 from flows.runtime import run_logger
 from tasks.backends import backend_option
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import plan_cast
 from tasks.decision.review import (
     POLICY,

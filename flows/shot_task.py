@@ -23,7 +23,8 @@ from prefect.runtime import task_run
 
 from flows.progress import ShotProgress, artifact_key, shot_run_name
 from flows.runtime import describe_place, run_logger, where_am_i
-from tasks.config import DebugConfig, PipelineConfig
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.run import DebugConfig
 from tasks.errors import DubflowError
 from tasks.files import discard
 from tasks.media.intermediates import read_marker, write_marker

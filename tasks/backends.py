@@ -5,7 +5,7 @@ Ground, so every wing may ask "the backend" without importing it: `BACKENDS` map
 imports the model), and to the light module of its own settings, which every config asks (so loading a
 config never imports the model either). Adding a backend costs its own wing plus one line here. The hooks
 a factory may carry are listed in `tasks.render.backend`. A settings module may carry `SECTION` (the YAML
-section of its options), `typed_sections(sections, where)` (with which `tasks.config.PipelineConfig` types
+section of its options), `typed_sections(sections, where)` (with which `tasks.config.pipeline.PipelineConfig` types
 the configured backend's own YAML sections) and:
 
 `effective_options(config)`: the plain config dict with the backend's own sections made effective
@@ -13,6 +13,11 @@ the configured backend's own YAML sections) and:
 `for_key=True` also leaves out what a shot key records otherwise (the weights, whose identity the
 `weights_identity` hook gives, and the options that never change pixels) and turns file paths into file
 identities. A backend without the hook keeps its options in `backend.options` and the config unchanged.
+
+`PLAN_FIELDS` and `plan_options(index, fields)`: the editable shot plan's per-shot fields this backend owns
+(field -> its meaning and YAML types) and the `backend.options` a shot's set fields become
+(`tasks.decision.plan_file`, through `plan_fields` / `plan_options` here: the plan's format is the same
+whichever backend a run uses).
 
 `run_notes(sections)`: what a run's report must say about these settings (say, that no weights were given).
 Generic code never compares the configured name with a backend that owns options (tests/test_layering.py).
@@ -88,3 +93,21 @@ def effective_options(config: Mapping[str, Any], *, for_key: bool = False) -> di
     data = copy.deepcopy(dict(config))
     hook = settings_hook(data["backend"]["name"], "effective_options")
     return hook(data, for_key=for_key) if hook is not None else data
+
+
+def plan_fields() -> dict[str, tuple[str, tuple[type, ...]]]:
+    """The shot plan's per-shot fields the registered backends own (their settings' `PLAN_FIELDS`, in registry
+    order): field -> (its meaning, the YAML types it takes)."""
+    out: dict[str, tuple[str, tuple[type, ...]]] = {}
+    for name in BACKENDS:
+        out.update(settings_hook(name, "PLAN_FIELDS") or {})
+    return out
+
+
+def plan_options(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The `backend.options` the plan fields `fields` of shot `index` set (each backend's `plan_options`)."""
+    out: dict[str, Any] = {}
+    for name in BACKENDS:
+        if (hook := settings_hook(name, "plan_options")) is not None:
+            out.update(hook(index, fields))
+    return out

@@ -61,7 +61,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.gate import speaker_turns
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe

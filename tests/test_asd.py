@@ -11,7 +11,7 @@ import pytest
 
 from flows.report import speaker_columns
 from model.speaker.light_asd import load_light_asd
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.perception.asd import PAD_GREY, FaceCrops, asd_scores, clock, crop_face
 from tasks.perception.asd_speaker import AsdSettings, SyncEvidence, find_asd_speakers, fuse_asd
 from tasks.perception.face_analysis import ShotFaces, TrackInfo, analyse_frames

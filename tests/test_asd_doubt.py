@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.perception.asd_speaker import (
     SyncEvidence,
     contradicted_frames,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model.speaker.light_asd import load_light_asd
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
 from tasks.perception.asd import FaceCrops, asd_scores

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import DecodeError, OutputError
 from tasks.media.assemble import AudioSource, assemble, build_encode_args, check_output_path
 from tasks.media.audio import decode_audio

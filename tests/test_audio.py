@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
 from tasks.media.audio import (
     DialogueTrack,
@@ -119,7 +119,7 @@ def test_the_model_hears_the_dub_as_librosa_load_does():
     ~39 dB SNR away (its resampler) from it."""
     import librosa
 
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.media.audio import decode_audio
 
     wav = (

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from flows.report import speaker_columns
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.perception.av_sync import SyncSettings, agreement, best_lag, mouth_motion, speech_envelope, windows
 from tasks.perception.face_analysis import ShotFaces, TrackInfo
 from tasks.perception.speaker import AvSettings, SpeakerSegment, SpeakerSettings, refine_with_agreement

@@ -12,7 +12,7 @@ import yaml
 
 from flows.cli import main
 from flows.estimate import estimate_film
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.cast import plan_characters, plan_names, read_cast_file
 from tasks.decision.characters import TrackFaces, link_characters
 from tasks.decision.plan_file import plan_document, write_plan

@@ -15,7 +15,7 @@ import soundfile as sf
 from flows.dub_film import dub_film_inline
 from flows.estimate import estimate_film
 from tasks import backends as backend_registry
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.shot_decision import decide_shot, faces_path, regions_json
 from tests.cast_cases import write_short_film
 

@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from flows.cli import main
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.errors import ConfigError
 from tasks.media.probe import probe
 from tests.media import decode_all, encoders, make_audio, make_clip, psnr, sha256

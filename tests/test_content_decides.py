@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.gate import speaker_turns
 from tasks.perception import face_analysis
 from tests.av_cases import SETS, av_case, judged_decision

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from scripts.fit_content_prior import HEADS, head_pairs, speech_mask
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.perception import face_analysis
 from tasks.perception.content import ContentMap, fit, fit_score, load_prior, zscore
 from tasks.perception.mouth_shapes import FEATURES, TASK_SHA256, task_bytes, task_path

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import MediaError, OutputError
 from tasks.media import ffmpeg
 from tasks.media.assemble import assemble

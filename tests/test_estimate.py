@@ -11,7 +11,9 @@ import pytest
 from flows.cli import main
 from flows.estimate import estimate_film
 from flows.groups import GpuCost
-from tasks.config import REMOVED_KEYS, PipelineConfig, PlanConfig, load_config
+from tasks.config.media import PlanConfig
+from tasks.config.pipeline import PipelineConfig, load_config
+from tasks.config.schema import REMOVED_KEYS
 from tasks.errors import ConfigError
 from tasks.infinitetalk.cost import chunk_price
 from tasks.render.cost import latent_frames, shot_gpu_s

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.ffmpeg import ffmpeg_exe
 from tasks.perception.face_analysis import analyse_frames
 from tasks.perception.faces import FaceDetector

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from flows.estimate import estimate_film
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.film_speakers import (
     Line,
     _voices,

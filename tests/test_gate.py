@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.gate import apply_region_overrides, decide_dub, speaker_turns
 from tasks.decision.overrides import (
     POLICIES,

@@ -168,7 +168,7 @@ def test_damaged_or_foreign_gguf_files_fail_naming_the_file(float_root, tmp_path
 def test_gguf_linear_compiles_with_inductor_and_fp8_is_off_for_gguf():
     """The per-call dequantization traces into one graph (inductor, as `compile_blocks` compiles a block):
     same output as eager. The fp8 GEMMs stay off for a GGUF DiT (they would re-expand its blocks)."""
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.infinitetalk.options import fp8_flags
     from tasks.infinitetalk.settings import section_config
 

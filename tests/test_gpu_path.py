@@ -93,7 +93,7 @@ def test_compile_warm_up_runs_once_per_size_and_changes_no_output(
 def test_fast_preset_accepts_a_declared_distilled_checkpoint(tmp_path: Path):
     """`distilled: true` lets the fast preset run on a root without any LoRA (none is merged); without it
     the one-line error names both ways; the declaration enters the shot key only when set."""
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.errors import ConfigError
     from tasks.infinitetalk.options import resolve_options
     from tasks.timeline.shot_key import shot_settings

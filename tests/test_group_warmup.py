@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tasks.infinitetalk.resident as it
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.infinitetalk import InfiniteTalkBackend, ResidentModels
 from tasks.render.backend import PlannedShot, planned_shot
 from tasks.run.workspace import read_attempts, read_group_loads, read_shot_done

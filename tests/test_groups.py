@@ -11,7 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flows.groups import GpuCost, ShotCost, plan_groups
-from tasks.config import PlanConfig, load_config
+from tasks.config.media import PlanConfig
+from tasks.config.pipeline import load_config
 from tasks.timeline.plan import ShotPlan, plan_shot
 from tasks.timeline.shots import Shot
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tasks.infinitetalk.resident as it
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.shot_decision import decide_shot
 from tasks.errors import ConfigError
 from tasks.infinitetalk import (
@@ -344,7 +344,7 @@ def test_the_gate_analyses_faces_only_when_the_decision_can_depend_on_them(tmp_p
 def test_chunk_plans_agree_with_the_sampler():
     from fractions import Fraction
 
-    from tasks.config import PlanConfig
+    from tasks.config.media import PlanConfig
     from tasks.timeline.plan import ShotPlan
 
     for fps in (Fraction(24000, 1001), Fraction(25), Fraction(30000, 1001)):

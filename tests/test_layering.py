@@ -25,6 +25,7 @@ TASKS_ORDER = [
     "timeline",
     "picture",
     "media",
+    "config",
     "<root>",
 ]
 MODEL_ORDER = ["weights", "runtime", "network", "sampling", "speaker", "<root>"]
@@ -146,7 +147,7 @@ def test_generic_code_asks_the_backend_hooks() -> None:
 def test_the_report_notes_come_from_the_backend() -> None:
     """The tiny random model's label reaches a run's report through the backend's `run_notes` hook."""
     from flows.delivery import _run_notes
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.infinitetalk.tiny import TINY_LABEL
 
     tiny = load_config(None, ["backend.name=infinitetalk"])
@@ -154,3 +155,36 @@ def test_the_report_notes_come_from_the_backend() -> None:
     assert any(TINY_LABEL in n for n in _run_notes(tiny))
     assert not any(TINY_LABEL in n for n in _run_notes(real))
     assert any("DRY RUN" in n for n in _run_notes(load_config(None, ["backend.name=passthrough"])))
+
+
+def test_a_backends_plan_fields_come_from_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The editable shot plan's per-shot model fields are the registered backends' (`PLAN_FIELDS`,
+    `plan_options`): a backend registered with one more field gets it in the plan's legend, type-checked on
+    reading and mapped onto `backend.options`, with no change to the plan file's code."""
+    from tasks.backends import BACKENDS, Registered
+    from tasks.decision.plan_file import read_plan, to_config_overrides, write_plan
+    from tasks.errors import ConfigError
+
+    (tmp_path / "other_settings.py").write_text(
+        "PLAN_FIELDS = {'guidance': ('this shot guidance', (int, float))}\n"
+        "def plan_options(index, fields):\n"
+        "    return {'cfg': float(fields['guidance'])} if fields.get('guidance') is not None else {}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(
+        BACKENDS, "other", Registered("tasks.render.backend:PassthroughBackend", "other_settings")
+    )
+    doc = {
+        "format": "dubflow-shot-plan/1",
+        "shots": [{"index": 2, "override": {"dub": "auto", "guidance": 3}}],
+    }
+    path = write_plan(tmp_path / "plan.yaml", doc)
+    assert "#   guidance: this shot guidance" in path.read_text()
+    assert "#   steps: sampling steps" in path.read_text()  # the InfiniteTalk backend's, still there
+    fields = read_plan(path)[2]["overrides"]
+    assert to_config_overrides(2, fields, {"seed": 1}) == {"backend": {"options": {"seed": 1, "cfg": 3.0}}}
+    path.write_text(path.read_text().replace("guidance: 3", "guidance: loud"))
+    with pytest.raises(ConfigError, match="shot 2: guidance must be int, got 'loud'"):
+        read_plan(path)

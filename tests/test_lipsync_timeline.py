@@ -10,7 +10,7 @@ import numpy as np
 
 from model.network.wav2vec import frame_count
 from model.sampling.chunks import chunk_audio_indices, plan_chunks
-from tasks.config import PlanConfig
+from tasks.config.media import PlanConfig
 from tasks.infinitetalk import FeatureTimeline, check_plan_agreement, shot_feature_range
 from tasks.media.audio import sample_at_frame
 from tasks.timeline.plan import plan_shot

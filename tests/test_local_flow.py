@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError, MediaError
 from tasks.media.audio import prepare_dialogue, slice_bounds
 from tasks.media.probe import probe

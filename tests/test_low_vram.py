@@ -27,7 +27,7 @@ from model.runtime.offload import (
     resident_need,
     working_bytes_per_token,
 )
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, VaeTiling, load_spec, offload_decision, resolve_options
 from tasks.infinitetalk.options import memory_need

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import model.network.dit_blocks as dit_blocks
 from model.weights.layout import WeightsLayout, download_weights, has_multi, verify_weights
 from model.weights.loading import LoadSpec, load_models
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import InfiniteTalkBackend

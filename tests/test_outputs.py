@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError, MediaError, OutputError
 from tasks.media.assemble import AudioSource, assemble
 from tasks.media.audio import decode_audio

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model.runtime.offload import indexed_device
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk.options import device_for, resolve_options
 from tasks.render.backend import PassthroughBackend

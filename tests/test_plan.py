@@ -7,7 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from tasks.config import PlanConfig, load_config
+from tasks.config.media import PlanConfig
+from tasks.config.pipeline import load_config
 from tasks.timeline.plan import (
     ShotPlan,
     chunk_windows,

@@ -14,7 +14,7 @@ import yaml
 
 from flows.cli import main
 from tasks.backends import backend_option
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.plan_file import plan_document, plan_overrides, read_plan, to_config_overrides, write_plan
 from tasks.errors import ConfigError
 from tasks.media.probe import probe

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.plan_file import plan_overrides, to_config_overrides
 from tasks.decision.shot_decision import decide_shot
 from tasks.errors import ConfigError

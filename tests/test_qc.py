@@ -118,7 +118,7 @@ def test_contact_sheet_labels_frames():
 
 
 def test_sheet_marks_tracks_the_speaker_and_the_speech_timeline(tmp_path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.decision.gate import decide_dub
     from tasks.decision.overrides import ShotOverrides
     from tasks.perception.face_analysis import ShotFaces, TrackInfo
@@ -195,7 +195,7 @@ def test_shot_qc_decodes_scaled_down_and_matches_the_full_size_picture(
 
 
 def load_plan_config():
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
 
     return load_config().plan
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk.region_map import ShotRegion, paste_frames
 from tasks.picture.geometry import CropGeometry, ModelGeometry

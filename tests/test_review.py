@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flows.review import review_description, review_form, review_notes
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.plan_file import plan_overrides, read_plan
 from tasks.decision.review import (
     NOBODY,

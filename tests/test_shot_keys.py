@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 import tasks.timeline.shot_key as shot_key
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.audio import DialogueTrack
 from tasks.media.probe import probe
 from tasks.render.backend import backend_weights_identity

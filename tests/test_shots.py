@@ -6,7 +6,7 @@ import json
 from fractions import Fraction
 from pathlib import Path
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.probe import probe
 from tasks.timeline.shots import ShotList, detect_shots, make_shot_list, merge_short, partition_from_cuts
 from tests.media import make_clip

@@ -3,7 +3,7 @@ analysis size (`speaker.detect_max_side`), on the real talking heads through the
 
 from __future__ import annotations
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tests.av_cases import SETS, judged_decision, small_face
 
 

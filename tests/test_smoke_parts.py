@@ -71,7 +71,7 @@ def test_real_shot_is_planned_with_its_face_crop_size(tmp_path):
     from bench_shot import make_dub
 
     from tasks import infinitetalk as it
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.infinitetalk.tiny import tiny_hw
     from tasks.media.audio import prepare_dialogue
     from tasks.media.probe import probe

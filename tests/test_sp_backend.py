@@ -15,7 +15,7 @@ import pytest
 
 from model.network.parallel import FAULT_ENV
 from model.runtime.shot_worker import ShotWorkerError
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.errors import ConfigError
 from tasks.infinitetalk import ResidentModels, resolve_options
 from tasks.render.shot import render_shot_result

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.media.probe import probe
 from tests.speaker_cases import FPS, SR, cases, encode, faceless, seed_audio, side_of, turn_coverage

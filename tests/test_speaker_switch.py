@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import tasks.infinitetalk.resident as it
-from tasks.config import PlanConfig, load_config
+from tasks.config.media import PlanConfig
+from tasks.config.pipeline import load_config
 from tasks.decision.record import DubRegion
 from tasks.decision.shot_decision import decide_shot, switch_frames
 from tasks.infinitetalk import ResidentModels, check_plan_agreement

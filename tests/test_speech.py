@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.media.audio import decode_audio
 from tasks.perception.speech import SpeechInfo, detect_speech
 from tasks.perception.vad import StreamingVad, at_frames, speech_probs

@@ -218,7 +218,7 @@ def test_step_subset_runs_the_chosen_timesteps_of_the_schedule():
 
 
 def test_levers_default_off_and_reach_the_load_spec_and_sampler(tmp_path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.errors import ConfigError
     from tasks.infinitetalk.options import load_spec, resolve_options, sparse_settings
     from tasks.timeline.shot_key import shot_settings

@@ -8,7 +8,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.config import PlanConfig
+from tasks.config.media import PlanConfig
 from tasks.media.audio import sample_at_frame, slice_bounds
 from tasks.timeline.plan import model_frame_of, plan_shot
 from tasks.timeline.shots import make_shot_list, merge_short, partition_from_cuts

@@ -350,7 +350,7 @@ def test_a_ten_hour_dub_track_is_refused_from_its_header_and_trimmed_streaming(t
     import tracemalloc
     from fractions import Fraction
 
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.errors import AudioLengthError
     from tasks.media.audio import check_mix, prepare_dialogue
 

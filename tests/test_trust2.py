@@ -129,7 +129,7 @@ def test_a_shot_partition_from_another_film_is_detected_again(tmp_path: Path):
 
 
 def test_a_face_analysis_of_another_film_is_not_reused(tmp_path: Path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.decision.shot_decision import decide_shot, faces_path
     from tests.speaker_cases import FPS, SR, cases, encode, faceless
 
@@ -216,7 +216,7 @@ def test_a_fifo_given_as_an_input_is_refused_at_once_never_waited_on(tmp_path: P
 
 
 def test_a_small_yaml_document_cannot_expand_without_limit(tmp_path: Path):
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.decision.plan_file import read_plan
 
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
@@ -259,6 +259,74 @@ def test_dubflow_plan_never_writes_over_an_input_or_a_users_file(tmp_path: Path)
     plan.write_text(plan.read_text() + "# my edit\n")  # edited: the user's work now
     code, err = cli("plan", str(src), "--audio", str(audio), "--out", str(plan), *args, cwd=tmp_path)
     assert code == 1 and "was not written by dubflow" in err and plan.read_text().endswith("# my edit\n")
+
+
+def test_weights_download_never_writes_over_a_users_file_and_checks_before_fetching(tmp_path: Path):
+    """`dubflow weights download --to` (a process, the Hub client offline: nothing may reach the network):
+    a file of the user's at a path the download writes is refused by name before anything is created or
+    fetched; `--to` a file is refused; a fetch that fails leaves no staging folder and no lock behind."""
+    root = tmp_path / "models"
+    theirs = root / "Wan2.1-I2V-14B-480P" / "config.json"  # the first file the 480P download writes
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text('{"my": "own config"}\n')
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code, err = cli("weights", "download", "--to", str(root), cwd=tmp_path, env=offline)
+    assert code == 1 and f"dubflow: error: {theirs}: " in err and "was not written by dubflow" in err, err
+    assert theirs.read_text() == '{"my": "own config"}\n'
+    assert sorted(p.name for p in root.rglob("*")) == ["Wan2.1-I2V-14B-480P", "config.json"]  # nothing added
+    assert not (tmp_path / "hf").exists()  # the Hub client never ran
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, err = cli("weights", "download", "--to", str(afile / "w"), cwd=tmp_path, env=offline)
+    assert code == 1 and f"{afile} is not a folder" in err, err
+    fresh = tmp_path / "fresh"
+    code, err = cli("weights", "download", "--to", str(fresh), cwd=tmp_path, env=offline)
+    assert code == 1, err  # offline: the fetch fails, after the checks
+    assert list(fresh.iterdir()) == []  # no staging folder, no lock, no part of a file
+
+
+def test_a_folder_fill_is_delivered_whole_with_records_never_over_a_users_file(tmp_path: Path):
+    """`tasks.run.outputs.delivered_folder` (the weights download's writer) with a real fill: files appear
+    only when the fill ends, each with its record; a later fill replaces dubflow's own files, but a file the
+    user changed since stops it before any file moves; a failed fill or a planted link delivers nothing."""
+    from tasks.run.outputs import delivered_folder
+
+    root = tmp_path / "w"
+
+    def fill(**files: bytes) -> None:
+        with delivered_folder(root, "weights:test", stem="weights") as staged:
+            for rel, data in files.items():
+                (staged / rel.replace("__", "/")).parent.mkdir(parents=True, exist_ok=True)
+                (staged / rel.replace("__", "/")).write_bytes(data)
+                target = root / rel.replace("__", "/")
+                assert not target.exists() or target.read_bytes() != data  # not delivered while staging
+            (staged / ".cache").mkdir()
+            (staged / ".cache" / "meta").write_text("the writer's own bookkeeping")
+
+    fill(a__x_bin=b"one", b__c__y_bin=b"two")
+    x, y = root / "a" / "x_bin", root / "b" / "c" / "y_bin"
+    assert x.read_bytes() == b"one" and y.read_bytes() == b"two"
+    assert written_record(x)["key"] == "weights:test" and written_record(y)["sha256"]
+    assert sorted(p.name for p in root.iterdir()) == ["a", "b"]  # no .cache, staging folder or lock left
+    fill(a__x_bin=b"ONE", b__c__y_bin=b"TWO")  # dubflow's own files: replaced
+    assert x.read_bytes() == b"ONE" and y.read_bytes() == b"TWO"
+    y.write_bytes(b"the user's edit")
+    with pytest.raises(OutputError, match="y_bin: exists and was not written by dubflow"):
+        fill(a__x_bin=b"1", b__c__y_bin=b"2")
+    assert x.read_bytes() == b"ONE" and y.read_bytes() == b"the user's edit"  # checked before any moved
+    with (
+        pytest.raises(RuntimeError, match="cut off"),
+        delivered_folder(root, "weights:t", stem="weights") as staged,
+    ):
+        (staged / "z_bin").write_bytes(b"half")
+        raise RuntimeError("cut off")
+    assert not (root / "z_bin").exists() and sorted(p.name for p in root.iterdir()) == ["a", "b"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "d").symlink_to(elsewhere)
+    with pytest.raises(OutputError, match="refusing to write through it"):
+        fill(d__q_bin=b"out")
+    assert list(elsewhere.iterdir()) == []
 
 
 # ---------------------------------------------------- class 8: the lock and --overwrite cover every file delivered
@@ -340,3 +408,29 @@ def test_a_refused_workspace_root_is_never_created(tmp_path: Path):
     assert code == 1 and "outside the workspace roots" in err, err
     assert not elsewhere.exists()  # not even the run's log folder
     assert not (films / "o.mp4").exists()
+
+
+def _bad_plan(path: Path, **shot) -> Path:
+    """A shot plan naming shot 1 (0-10) of the small films, with `shot`'s fields over that entry."""
+    entry = {"index": 1, "start_frame": 10, "end_frame": 20, "override": {"dub": "auto"}, **shot}
+    path.write_text(json.dumps({"format": "dubflow-shot-plan/1", "shots": [entry]}))  # JSON is YAML
+    return path
+
+
+def test_a_bad_plan_file_leaves_no_output_folder_behind(tmp_path: Path):
+    """A plan file with an invalid field (the deployment's path: no CLI check before the flow) or written for
+    another film (found only once the film's shots are) is refused before anything is created where the
+    output goes: not its folder, not a lock in it."""
+    src, audio = film(tmp_path)
+    invalid = _bad_plan(tmp_path / "invalid.yaml", override={"dub": "auto", "sed": 3})
+    with pytest.raises(ConfigError, match="unknown override field 'sed'"):
+        dub(src, audio, tmp_path / "a" / "o.mp4", config(tmp_path), plan=str(invalid))
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "ws").exists()  # refused before the workspace too: nothing probed or decoded
+    other = _bad_plan(tmp_path / "other.yaml", index=7, start_frame=70, end_frame=80)
+    code, err = cli(
+        "dub", str(src), "--audio", str(audio), "--out", str(tmp_path / "b" / "o.mp4"), "--plan", str(other),
+        "--no-prefect", "--backend", "passthrough", "--set", f"workspace.root={tmp_path / 'ws'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 1 and f"{other}: shot 7: no such shot" in err, err
+    assert not (tmp_path / "b").exists()

@@ -373,54 +373,86 @@ def gguf_key_problems(root: Path, layout: WeightsLayout, quant: str, multi: bool
 # download (pinned revisions; only the files the mode needs)
 
 
+@dataclass(frozen=True)
+class HubFile:
+    """One file `download_weights` fetches: `name` of the Hub repository `repo_id` at `revision`, into the
+    folder `local_dir` of the weights root."""
+
+    repo_id: str
+    revision: str
+    name: str
+    local_dir: str
+
+    @property
+    def path(self) -> str:
+        """Where it lands, relative to the weights root."""
+        return f"{self.local_dir}/{self.name}"
+
+
+def download_files(mode: str = "infinitetalk-480", quant: str = "none", multi: bool = False) -> list[HubFile]:
+    """The single files `download_weights` fetches for `mode` / `quant` (`multi`: the two-person checkpoint
+    too), known before any network call; the tokenizer and the DiT shards come by `download_patterns`.
+    ValueError for a GGUF quantization (community files, never downloaded)."""
+    layout = layout_for(mode, quant)
+    if is_gguf(quant):
+        raise ValueError(
+            f"{quant}: GGUF conversions are community files, not downloaded by dubflow; put them at "
+            f"{layout.gguf_dit_file(quant)} and {layout.dit_file(quant)} in the weights root (quant none for "
+            "the rest)"
+        )
+    wan_files = ["config.json", layout.vae, layout.t5, layout.clip]
+    if quant == "none":
+        wan_files.append(f"{DIT_STEM}.safetensors.index.json")
+    files = [HubFile(WAN_HUB.repo_id, WAN_HUB.revision, name, WAN_HUB.local_dir) for name in wan_files]
+    files += [
+        HubFile(WAV2VEC_HUB.repo_id, WAV2VEC_HUB.revision, name, WAV2VEC_HUB.local_dir)
+        for name in ("config.json", "preprocessor_config.json")
+    ]
+    files.append(
+        HubFile(WAV2VEC_HUB.repo_id, WAV2VEC_SAFETENSORS_REVISION, "model.safetensors", WAV2VEC_HUB.local_dir)
+    )
+    it_prefix = INFINITETALK_HUB.local_dir + "/"
+    for person in (False, True) if multi else (False,):
+        it_files = [layout.dit_file(quant, person)]
+        if quant != "none":
+            it_files.append(str(Path(layout.dit_file(quant, person)).with_suffix(".json")))
+        files += [
+            HubFile(
+                INFINITETALK_HUB.repo_id, INFINITETALK_HUB.revision, rel.removeprefix(it_prefix),
+                INFINITETALK_HUB.local_dir,
+            )
+            for rel in it_files
+        ]  # fmt: skip
+    return files
+
+
+def download_patterns(mode: str = "infinitetalk-480", quant: str = "none") -> list[str]:
+    """The file patterns of the Wan repository `download_weights` fetches (the tokenizer, the DiT shards)."""
+    layout = layout_for(mode, quant)
+    patterns = [f"{layout.tokenizer}/*"]
+    if quant == "none":
+        patterns.append(f"{DIT_STEM}-*.safetensors")
+    return patterns
+
+
 def download_weights(
     to: Path, mode: str = "infinitetalk-480", quant: str = "none", multi: bool = False
 ) -> Path:
     """Fetch the files of `mode` / `quant` from the Hugging Face Hub into `to` (official layout); returns `to`.
 
-    `multi` adds the two-person checkpoint of that quantization."""
+    `multi` adds the two-person checkpoint of that quantization. Writes into `to` as the Hub client does:
+    the command delivers through a staging folder (`tasks.run.outputs.delivered_folder`)."""
     from huggingface_hub import hf_hub_download, snapshot_download  # network only
 
-    layout = layout_for(mode, quant)
-    if is_gguf(quant):
-        raise ValueError(
-            f"{quant}: GGUF conversions are community files, not downloaded by dubflow; put them at "
-            f"{to / layout.gguf_dit_file(quant)} and {to / layout.dit_file(quant)} (quant none for the rest)"
-        )
+    files = download_files(mode, quant, multi)  # ValueError for GGUF, before anything is fetched
     to = Path(to)
-    wan_files = ["config.json", layout.vae, layout.t5, layout.clip]
-    if quant == "none":
-        wan_files.append(f"{DIT_STEM}.safetensors.index.json")
-    for name in wan_files:
-        hf_hub_download(WAN_HUB.repo_id, name, revision=WAN_HUB.revision, local_dir=to / WAN_HUB.local_dir)
-    patterns = [f"{layout.tokenizer}/*"]
-    if quant == "none":
-        patterns.append(f"{DIT_STEM}-*.safetensors")
+    for f in files:
+        hf_hub_download(f.repo_id, f.name, revision=f.revision, local_dir=to / f.local_dir)
     snapshot_download(
-        WAN_HUB.repo_id, revision=WAN_HUB.revision, allow_patterns=patterns, local_dir=to / WAN_HUB.local_dir
+        WAN_HUB.repo_id,
+        revision=WAN_HUB.revision,
+        allow_patterns=download_patterns(mode, quant),
+        local_dir=to / WAN_HUB.local_dir,
     )
-    for name in ("config.json", "preprocessor_config.json"):
-        hf_hub_download(
-            WAV2VEC_HUB.repo_id, name, revision=WAV2VEC_HUB.revision, local_dir=to / WAV2VEC_HUB.local_dir
-        )
-    hf_hub_download(
-        WAV2VEC_HUB.repo_id,
-        "model.safetensors",
-        revision=WAV2VEC_SAFETENSORS_REVISION,
-        local_dir=to / WAV2VEC_HUB.local_dir,
-    )
-    it_prefix = INFINITETALK_HUB.local_dir + "/"
-    it_files = []
-    for person in (False, True) if multi else (False,):
-        it_files.append(layout.dit_file(quant, person))
-        if quant != "none":
-            it_files.append(str(Path(layout.dit_file(quant, person)).with_suffix(".json")))
-    for rel in it_files:
-        hf_hub_download(
-            INFINITETALK_HUB.repo_id,
-            rel.removeprefix(it_prefix),
-            revision=INFINITETALK_HUB.revision,
-            local_dir=to / INFINITETALK_HUB.local_dir,
-        )
     log.info("downloaded %s weights (quant %s%s) to %s", mode, quant, ", multi" if multi else "", to)
     return to

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.characters import Character, TrackFaces, display_name, link_characters, shot_characters
 from tasks.decision.overrides import ShotOverrides, dub_action
 from tasks.decision.stems import NAME, shot_speech

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.config import PipelineConfig, SpeakerConfig
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.speaker import SpeakerConfig
 from tasks.perception.content import ContentMap, audio_features, load_prior
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment

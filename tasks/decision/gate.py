@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.config import GateConfig, SpeakerConfig
+from tasks.config.speaker import GateConfig, SpeakerConfig
 from tasks.decision.overrides import ShotOverrides, precedence
 from tasks.decision.record import DubRegion, ShotDecision, Turn
 from tasks.perception.face_analysis import ShotFaces

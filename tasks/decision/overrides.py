@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import GateConfig
+from tasks.config.speaker import GateConfig
 from tasks.errors import ConfigError
 from tasks.perception.speech import SpeechInfo
 from tasks.picture.region import Box

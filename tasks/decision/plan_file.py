@@ -5,10 +5,10 @@ seed, plus blank override fields an editor fills in; `dubflow dub ... --plan pla
 
 Override fields (null / `auto` = the automatic choice): `dub` (auto | yes | no), `speaker` (a face track
 id: that track's region is dubbed over the whole shot) and `crop` (a box in display pixels: that box is
-dubbed), both replacing the automatic region and dubbing the shot, `prompt`, `seed` (the shot's own sampler
-seed), `denoise_strength`, `steps`, `color_strength`. Each maps onto config keys (`to_config_overrides`), so
-a shot's result key sees them like any other setting and only the shots whose effective inputs changed
-re-render.
+dubbed), both replacing the automatic region and dubbing the shot, the backends' own per-shot fields (the
+registry's `tasks.backends.plan_fields`: the model's sampling settings, which become `backend.options`),
+`color_strength` and `answers`. Each maps onto config keys (`to_config_overrides`), so a shot's result key
+sees them like any other setting and only the shots whose effective inputs changed re-render.
 
 Text and records only: writing and reading the YAML and validating it against the film's shots; the
 automatic decisions come from the caller (`flows.estimate.estimate_film`), nothing here decodes media.
@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from tasks.config import PipelineConfig
+from tasks.backends import plan_fields, plan_options
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.overrides import region_overrides, turn_answers
 from tasks.errors import ConfigError
 from tasks.files import load_yaml
@@ -32,28 +33,26 @@ from tasks.timeline.shot_key import shot_config
 
 FORMAT = "dubflow-shot-plan/1"
 PLAN_KEY = "shot-plan"  # the key a delivered plan file's record names (any plan dubflow wrote is replaced)
-OVERRIDES: Mapping[str, str] = {  # field -> what it means (written as the file's legend)
-    "dub": "auto | yes | no",
-    "speaker": "dub this face track (a speaker id of auto.regions) over the whole shot",
-    "crop": "[x0, y0, x1, y1] display pixels, as auto.regions' boxes: dub this box",
-    "prompt": "text prompt for this shot",
-    "seed": "this shot's sampler seed (automatic: the run's seed + shot index)",
-    "denoise_strength": "(0, 1]: < 1 starts from the source noised part-way",
-    "steps": "sampling steps",
-    "color_strength": "colour matching strength, 0 = off",
-    "answers": "uncertain turns settled: [{start_frame, end_frame, speaker: track id or null (nobody), by}]",
+# The override fields before and after the backends' own (`tasks.backends.plan_fields`), in the file's order:
+# field -> (what it means, written as the file's legend; the YAML types it takes, none for `dub`'s choice)
+_REGION_FIELDS: Mapping[str, tuple[str, tuple[type, ...]]] = {
+    "dub": ("auto | yes | no", ()),
+    "speaker": ("dub this face track (a speaker id of auto.regions) over the whole shot", (int,)),
+    "crop": ("[x0, y0, x1, y1] display pixels, as auto.regions' boxes: dub this box", (list,)),
+}
+_PICTURE_FIELDS: Mapping[str, tuple[str, tuple[type, ...]]] = {
+    "color_strength": ("colour matching strength, 0 = off", (int, float)),
+    "answers": (
+        "uncertain turns settled: [{start_frame, end_frame, speaker: track id or null (nobody), by}]",
+        (list,),
+    ),
 }
 SHOT_KEYS = ("index", "start", "end", "start_frame", "end_frame", "auto", "override")
-_TYPES: Mapping[str, tuple[type, ...]] = {
-    "speaker": (int,),
-    "crop": (list,),
-    "prompt": (str,),
-    "seed": (int,),
-    "denoise_strength": (int, float),
-    "steps": (int,),
-    "color_strength": (int, float),
-    "answers": (list,),
-}
+
+
+def override_fields() -> dict[str, tuple[str, tuple[type, ...]]]:
+    """Every override field of a shot, in the file's order: field -> (its meaning, the YAML types it takes)."""
+    return {**_REGION_FIELDS, **plan_fields(), **_PICTURE_FIELDS}
 
 
 def timecode(frame: int, fps: Fraction) -> str:
@@ -82,7 +81,7 @@ def plan_document(
                     "regions": [_region(r) for r in s.get("regions") or ()],
                     "seed": s["seed"],
                 },
-                "override": {name: ("auto" if name == "dub" else None) for name in OVERRIDES},
+                "override": {name: ("auto" if name == "dub" else None) for name in override_fields()},
             }
         )
     return {
@@ -104,7 +103,7 @@ def write_plan(path: str | Path, document: Mapping[str, Any]) -> Path:
     """Write the plan YAML with a legend of the override fields on top (`tasks.media.deliver.write_delivered`:
     atomically, with its record, never over an input or a file dubflow did not write: `check_replaceable`
     says so before any work)."""
-    legend = "\n".join(f"#   {name}: {meaning}" for name, meaning in OVERRIDES.items())
+    legend = "\n".join(f"#   {name}: {meaning}" for name, (meaning, _) in override_fields().items())
     head = (
         "# dubflow shot plan: edit the `override:` fields of any shot (null / auto = the automatic choice),\n"
         "# then: dubflow dub FILM --audio DUB --out OUT --plan THIS_FILE (only changed shots re-render).\n"
@@ -145,10 +144,11 @@ def read_plan(path: str | Path) -> dict[int, dict[str, Any]]:
 
 def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dict[str, Any]:
     """The set override fields (null and `dub: auto` dropped), each type-checked."""
-    unknown = sorted(set(override) - set(OVERRIDES))
+    fields = override_fields()
+    unknown = sorted(set(override) - set(fields))
     if unknown:
         raise ConfigError(
-            path, f"{where}: unknown override field {unknown[0]!r} (known: {', '.join(OVERRIDES)})"
+            path, f"{where}: unknown override field {unknown[0]!r} (known: {', '.join(fields)})"
         )
     out: dict[str, Any] = {}
     for name, value in override.items():
@@ -158,8 +158,8 @@ def _check_overrides(path: Path, where: str, override: Mapping[str, Any]) -> dic
             if value not in ("yes", "no", True, False):  # YAML 1.1 reads a bare yes/no as a boolean
                 raise ConfigError(path, f"{where}: dub must be auto, yes or no, got {value!r}")
             value = value in ("yes", True)
-        elif isinstance(value, bool) or not isinstance(value, _TYPES[name]):
-            raise ConfigError(path, f"{where}: {name} must be {_TYPES[name][0].__name__}, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, fields[name][1]):
+            raise ConfigError(path, f"{where}: {name} must be {fields[name][1][0].__name__}, got {value!r}")
         out[name] = value
     if out.get("dub") is False and ("speaker" in out or "crop" in out):
         raise ConfigError(path, f"{where}: dub: no contradicts a speaker / crop override (leave those null)")
@@ -170,7 +170,7 @@ def to_config_overrides(
     index: int, fields: Mapping[str, Any], options: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """A shot's plan overrides as nested config updates (`tasks.timeline.shot_key.shot_config` merges them).
-    The model's fields (prompt, seed, denoise_strength, steps) are backend options: they go over the run's
+    The backends' own fields are backend options (`tasks.backends.plan_options`): they go over the run's
     `backend.options` (given as `options`), which win over the backend's own sections."""
     out: dict[str, dict[str, Any]] = {}
     answers = [
@@ -185,15 +185,8 @@ def to_config_overrides(
     }
     if any(gate.values()):
         out["gate"] = {k: v for k, v in gate.items() if v is not None}
-    talk = {
-        "prompt": fields.get("prompt"),
-        "seed": None if "seed" not in fields else fields["seed"] - index,  # the sampler adds the index
-        "denoise_strength": None if "denoise_strength" not in fields else float(fields["denoise_strength"]),
-        "steps": fields.get("steps"),
-    }
-    talk = {k: v for k, v in talk.items() if v is not None}
-    if talk:
-        out["backend"] = {"options": {**dict(options or {}), **talk}}
+    if own := plan_options(index, fields):
+        out["backend"] = {"options": {**dict(options or {}), **own}}
     if "color_strength" in fields:
         out["color"] = {"strength": float(fields["color_strength"])}
     return out

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.gate import answer_turns, apply_region_overrides, decide_dub, speaker_turns
 from tasks.decision.overrides import ShotOverrides, needs_faces, precedence, shot_overrides
 from tasks.decision.record import ShotDecision

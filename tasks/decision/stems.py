@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.config import PipelineConfig, SpeakerConfig
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.speaker import SpeakerConfig
 from tasks.decision.gate import speaker_turns
 from tasks.decision.record import Turn
 from tasks.errors import ConfigError

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from model.weights.layout import has_multi, layout_for
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import decide_shot, faces_path
 from tasks.errors import ConfigError, MediaError

@@ -12,7 +12,7 @@ from typing import Any
 
 from model.sampling.guidance import guidance_branches
 from model.sampling.sampler import sampler_preset
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.errors import ConfigError
 from tasks.infinitetalk.options import resolve_options
 from tasks.render.cost import ChunkPrice, shot_gpu_s

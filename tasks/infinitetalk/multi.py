@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.sampling.conditioning import speaker_masks
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.record import DubRegion, ShotDecision
 from tasks.decision.shot_decision import region_config
 from tasks.errors import MediaError

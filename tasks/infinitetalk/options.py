@@ -35,7 +35,8 @@ from model.runtime.offload import (
 )
 from model.weights.layout import gguf_bytes_per_weight, is_gguf
 from model.weights.loading import LoadSpec
-from tasks.config import PipelineConfig, build_section
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.schema import build_section
 from tasks.errors import ConfigError
 from tasks.infinitetalk.settings import PRESETS, SECTION, InfiniteTalkConfig, PresetsConfig
 from tasks.infinitetalk.timeline import WAV2VEC_RATE

@@ -21,7 +21,7 @@ import numpy as np
 from model.sampling.conditioning import speaker_masks
 from model.sampling.sampler import sampler_preset
 from model.sampling.stream import StreamState
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import MediaError
 from tasks.infinitetalk import resident

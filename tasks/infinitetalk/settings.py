@@ -11,11 +11,12 @@ for shot keys, the plan file and the CLI alike.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tasks.config import build_section
+from tasks.config.schema import build_section
 from tasks.errors import ConfigError
 
 SECTION = "infinitetalk"  # the YAML section of this backend's options
@@ -23,6 +24,14 @@ PRESETS = "presets"  # the values `infinitetalk.preset` fills in
 # Options that never change a shot's pixels, left out of its key: sequence parallelism and block offload give
 # bit-identical outputs, profiling only adds device syncs, the load's warm-up throws its synthetic chunks away.
 NON_PIXEL = ("gpus_per_shot", "profile", "offload", "warm_up")
+# The shot plan's per-shot fields this backend owns (`tasks.decision.plan_file` asks `tasks.backends.plan_fields`):
+# field -> (what it means, written as the plan's legend; the YAML types it takes). `plan_options` maps them.
+PLAN_FIELDS: Mapping[str, tuple[str, tuple[type, ...]]] = {
+    "prompt": ("text prompt for this shot", (str,)),
+    "seed": ("this shot's sampler seed (automatic: the run's seed + shot index)", (int,)),
+    "denoise_strength": ("(0, 1]: < 1 starts from the source noised part-way", (int, float)),
+    "steps": ("sampling steps", (int,)),
+}
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,17 @@ def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[
         ]
     config[SECTION] = section
     return config
+
+
+def plan_options(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The `backend.options` a shot's plan fields set (those of `PLAN_FIELDS` present in `fields`, a checked
+    override of shot `index`): its seed less the index (the sampler adds the index), the strength a float."""
+    out = {name: fields[name] for name in PLAN_FIELDS if fields.get(name) is not None}
+    if "seed" in out:
+        out["seed"] = out["seed"] - index
+    if "denoise_strength" in out:
+        out["denoise_strength"] = float(out["denoise_strength"])
+    return out
 
 
 def run_notes(sections: dict[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from tasks.config import EncodeConfig
+from tasks.config.media import EncodeConfig
 from tasks.errors import DecodeError, OutputError
 from tasks.files import atomic_path
 from tasks.media import ffmpeg

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import soundfile as sf
 
-from tasks.config import AudioConfig
+from tasks.config.media import AudioConfig
 from tasks.errors import AudioLengthError, DecodeError, MediaError, NoAudioStream
 from tasks.files import atomic_path
 from tasks.media import ffmpeg

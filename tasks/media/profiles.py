@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import EncodeConfig
+from tasks.config.media import EncodeConfig
 from tasks.errors import MediaError, OutputError
 from tasks.media.native import intermediate_pix_fmt
 

@@ -19,7 +19,7 @@ import json
 import logging
 from pathlib import Path
 
-from tasks.config import EncodeConfig
+from tasks.config.media import EncodeConfig
 from tasks.errors import DecodeError
 from tasks.files import atomic_path, bind_file, bound_file_ok, discard
 from tasks.media import ffmpeg

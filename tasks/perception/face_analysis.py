@@ -26,7 +26,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from tasks.config import SpeakerConfig
+from tasks.config.speaker import SpeakerConfig
 from tasks.media import ffmpeg
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo

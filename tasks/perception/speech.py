@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.config import SpeakerConfig
+from tasks.config.speaker import SpeakerConfig
 from tasks.perception.vad import VadSettings, resample_to_vad, segments, speech_probs
 
 

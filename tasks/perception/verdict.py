@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.config import SpeakerConfig
+from tasks.config.speaker import SpeakerConfig
 from tasks.perception.asd_speaker import (
     AsdSettings,
     SyncEvidence,

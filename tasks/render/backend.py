@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from tasks.backends import backend_factory
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.errors import ConfigError
 from tasks.media.audio import DialogueTrack

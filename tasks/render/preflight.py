@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from tasks.backends import BACKENDS
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.errors import ConfigError, MediaError
 from tasks.picture.geometry import BUCKET_TABLES
 from tasks.render.backend import check_backend_options

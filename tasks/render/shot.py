@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline import PipelineConfig
 from tasks.decision.record import ShotDecision
 from tasks.decision.shot_decision import switch_frames
 from tasks.errors import DecodeError, MediaError

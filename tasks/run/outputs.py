@@ -17,7 +17,9 @@ the output delivers is locked (``.<name>.dubflow.lock``, the film's and each sid
 started with the same ``out``, or with another output sharing a sidecar, fails at once naming the first.
 The encode still stamps the container's ``comment`` (``dubflow:<workspace key>``, `output_comment`) for
 people and tools; nothing trusts it. The local ``dubflow dub --out`` is not confined (`local_output`):
-its user chose the path at their own shell; only the foreign-file rule applies to it. No Prefect here.
+its user chose the path at their own shell; only the foreign-file rule applies to it. A local command that
+fills a folder with many files (`dubflow weights download --to`) writes through `delivered_folder`: the
+same rules per file, staged privately and moved in only once the whole fill succeeded. No Prefect here.
 """
 
 from __future__ import annotations
@@ -31,7 +33,18 @@ from pathlib import Path
 
 from tasks.errors import OutputError
 from tasks.media import ffmpeg
-from tasks.media.deliver import LOCK_SUFFIX, NOT_OURS, clean_stale, destination, written_record
+from tasks.media.deliver import (
+    LOCK_SUFFIX,
+    NOT_OURS,
+    Destination,
+    check_names,
+    check_replaceable,
+    clean_stale,
+    deliver,
+    destination,
+    staging,
+    written_record,
+)
 from tasks.run.run_lock import hold_lock
 
 log = logging.getLogger(__name__)
@@ -200,3 +213,72 @@ def local_output_allowed(out: str | os.PathLike[str], source: str | os.PathLike[
             os.environ.pop(ROOTS_ENV, None)
         else:
             os.environ[ROOTS_ENV] = before
+
+
+# ------------------------------------------- a folder of files a local command fills (`dubflow weights download`)
+
+
+def local_folder(to: str | os.PathLike[str]) -> Path:
+    """The resolved folder a local command fills with files: anywhere its user says (as `local_output`; a
+    link the user gave is resolved once, here), but a folder or a path to one not made yet, never a file.
+    OutputError naming the path; creates nothing."""
+    resolved = Path(to).expanduser().resolve()
+    existing = next(p for p in (resolved, *resolved.parents) if p.exists() or p.is_symlink())  # "/" at worst
+    if not existing.is_dir():
+        raise OutputError(to, f"{existing} is not a folder")
+    return resolved
+
+
+def _inside(folder: Path, rel: str) -> Path:
+    """`folder / rel`, refused (OutputError) when `rel` leaves `folder` or a folder on the way is a symlink
+    or a file (nothing is written through a planted link)."""
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or ".." in parts or not parts:
+        raise OutputError(folder, f"{rel!r}: not a path inside the folder")
+    step = folder
+    for part in parts[:-1]:
+        step = step / part
+        if step.is_symlink() or (step.exists() and not step.is_dir()):
+            raise OutputError(step, "is not a folder (a symlink or a file): refusing to write through it")
+    check_names([folder / rel])
+    return folder / rel
+
+
+@contextlib.contextmanager
+def delivered_folder(
+    to: str | os.PathLike[str], key: str, expected: Sequence[str] = (), stem: str = "download"
+) -> Iterator[Path]:
+    """Fill the folder `to` by the delivery rules, as every output is written (`tasks.media.deliver`).
+
+    Before anything is created: `to` is a folder (`local_folder`) and each file of `expected` (paths under
+    `to`) is absent or one dubflow wrote and nobody changed (`check_replaceable`). Then `to` is created and
+    locked (``.<stem>.dubflow.lock``; staging folders a killed fill left are removed) and the block writes
+    into the private staging folder it is given. When the block ends without error, every file staged
+    (hidden paths, a writer's own bookkeeping, left out) is checked the same way, all before the first is
+    moved, then each is moved to its path under `to` with its record (`key`: what wrote it). The staging
+    folder is removed either way: a failed or interrupted fill leaves what was there before.
+    """
+    folder = local_folder(to)
+    for rel in expected:
+        check_replaceable(_inside(folder, rel))
+    folder.mkdir(parents=True, exist_ok=True)
+    st = os.lstat(folder)
+    with contextlib.ExitStack() as held:
+        lock = folder / f".{stem}{LOCK_SUFFIX}"
+        held.enter_context(hold_lock(lock, f"folder {folder}"))  # a second fill of it fails at once
+        held.callback(_unlink_quietly, lock)
+        clean_stale(folder, stem)
+        staged = held.enter_context(staging(Destination(str(folder), (st.st_dev, st.st_ino)), stem))
+        yield staged
+        files = sorted(p for p in staged.rglob("*") if not p.is_dir() or p.is_symlink())
+        files = [p for p in files if not any(part.startswith(".") for part in p.relative_to(staged).parts)]
+        moves = []
+        for path in files:
+            if path.is_symlink() or not path.is_file():
+                raise OutputError(path, "was staged as a symlink or a special file: nothing delivered")
+            target = _inside(folder, path.relative_to(staged).as_posix())
+            moves.append((path, check_replaceable(target)))
+        for path, target in moves:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            deliver(destination([target]), path, target.name, key)
+        log.info("%d file(s) delivered into %s", len(moves), folder)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.config import PipelineConfig, load_config
+from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.errors import ConfigError
 
 WS_ROOTS_ENV = "DUBFLOW_WORKSPACE_ROOTS"

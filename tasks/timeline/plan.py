@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-from tasks.config import PlanConfig
+from tasks.config.media import PlanConfig
 from tasks.timeline.shots import Shot
 
 

@@ -34,11 +34,12 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
 from tasks.backends import effective_options
+from tasks.config.pipeline import PipelineConfig
 from tasks.media.audio import DialogueTrack, read_samples
 
 RENDER_VERSION = 5  # bump when a change alters any shot's pixels (the pinned tiny-model hash says when)
@@ -118,6 +119,19 @@ def shot_config(config: Mapping[str, Any], overrides: Mapping[str, Any] | None) 
         else:
             out[section] = copy.deepcopy(values)
     return out
+
+
+def shot_configs(
+    config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+) -> Callable[[int], PipelineConfig]:
+    """``cfg_of(index)``: shot `index`'s effective config, typed: `config` with that shot's record's
+    ``overrides`` merged in (`shot_config`); a shot without a record, or without overrides, gets `config`."""
+    by_index = {r["index"]: r for r in records}
+
+    def cfg_of(index: int) -> PipelineConfig:
+        return PipelineConfig.from_dict(shot_config(config, (by_index.get(index) or {}).get("overrides")))
+
+    return cfg_of
 
 
 def shot_settings(config: Mapping[str, Any], index: int) -> dict[str, Any]:

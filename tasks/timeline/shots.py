@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tasks.config import ShotsConfig
+from tasks.config.media import ShotsConfig
 from tasks.media.frames import iter_frames
 from tasks.media.probe import VideoInfo
 

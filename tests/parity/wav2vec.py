@@ -89,7 +89,7 @@ def _run_loudness(case_dir: Path, manifest: dict) -> None:
 def _run_file(case_dir: Path, manifest: dict, parity_root: Path) -> None:
     """file -> features: dubflow's dialogue decode (`audio.resampler` soxr_hq, what `prepare_dialogue`
     uses), loudness normalisation and embedding against the official path's tensors."""
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
     from tasks.media.audio import decode_audio
 
     cfg = load_config().audio
