@@ -204,15 +204,15 @@ def _write_plan_file(args: argparse.Namespace, cfg: Any, stems: dict[str, str]) 
     from fractions import Fraction
 
     from flows.estimate import estimate_film
-    from tasks.backends import backend_option
+    from tasks.backends import plan_auto
     from tasks.decision.plan_file import plan_document, write_plan
     from tasks.media.deliver import check_replaceable
 
     # before any work: never over an input, a user's file or an edited plan (the delivery rules)
     check_replaceable(args.out, [args.source, args.audio, args.cast, args.config, *stems.values()])
     est = estimate_film(args.source, args.audio, cfg, stems)
-    seed = int(backend_option(cfg.to_dict(), "seed", 0))  # the plan's seed column: shot k uses seed + k
-    shots = [{**dataclasses.asdict(s), "seed": seed + s.index} for s in est.shots]
+    config = cfg.to_dict()
+    shots = [{**dataclasses.asdict(s), "backend": plan_auto(config, s.index)} for s in est.shots]
     doc = plan_document(args.source, args.audio, Fraction(est.fps), est.frames, shots)
     if (
         est.characters

@@ -68,7 +68,6 @@ from flows.review import log_uncertain, review_step
 from flows.runners import GPU_POOL, InlineRunner, PrefectRunner, load_group, render_group
 from flows.runtime import describe_place, run_logger, where_am_i
 from flows.shot_task import BackendSlot, dub_shot, prepare_one_shot, shot_qc
-from tasks.backends import backend_option
 from tasks.config.pipeline import PipelineConfig, load_config
 from tasks.decision.cast import check_cast, plan_names
 from tasks.decision.plan_file import read_plan, write_plan
@@ -291,8 +290,9 @@ def run_pipeline(
         else:
             if not Path(plan_path).exists():
                 fps = Fraction(prepared.video["fps"])
-                seed = int(backend_option(film["config"], "seed", 0) or 0)
-                fresh = fresh_plan(source, audio, fps, prepared.video["frame_count"], prepared.records, seed)
+                fresh = fresh_plan(
+                    source, audio, fps, prepared.video["frame_count"], prepared.records, film["config"]
+                )
                 try:
                     write_plan(plan_path, fresh)
                 except (

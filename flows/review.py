@@ -32,7 +32,6 @@ from pydantic import Field, create_model
 
 from flows.film_steps import FlowSteps
 from flows.runtime import run_logger
-from tasks.backends import backend_option
 from tasks.config.pipeline import PipelineConfig
 from tasks.decision.cast import plan_cast
 from tasks.decision.review import (
@@ -255,8 +254,9 @@ def review_step(
         logger.info("review: shot %d %s -> %s (%s)", s.turn.shot, s.turn.field, s.speaker, s.by)
     if answers:
         fps = Fraction(video["fps"])
-        seed = int(backend_option(film["config"], "seed", 0) or 0)
-        fresh = fresh_plan(film["source"], prepared.track.source, fps, video["frame_count"], records, seed)
+        fresh = fresh_plan(
+            film["source"], prepared.track.source, fps, video["frame_count"], records, film["config"]
+        )
         try:
             write_answers(plan_path, answers, fresh)
             logger.info("review: answers for shot(s) %s written to %s", sorted(answers), plan_path)

@@ -19,6 +19,9 @@ identities. A backend without the hook keeps its options in `backend.options` an
 (`tasks.decision.plan_file`, through `plan_fields` / `plan_options` here: the plan's format is the same
 whichever backend a run uses).
 
+`plan_auto(config, index)`: the automatic values of those fields the plan shows for shot `index` under the
+plain config dict `config` (InfiniteTalk: the shot's seed), beside the gate's decision.
+
 `run_notes(sections)`: what a run's report must say about these settings (say, that no weights were given).
 Generic code never compares the configured name with a backend that owns options (tests/test_layering.py).
 """
@@ -101,6 +104,16 @@ def plan_fields() -> dict[str, tuple[str, tuple[type, ...]]]:
     out: dict[str, tuple[str, tuple[type, ...]]] = {}
     for name in BACKENDS:
         out.update(settings_hook(name, "PLAN_FIELDS") or {})
+    return out
+
+
+def plan_auto(config: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The automatic values the plan shows for shot `index` under the plain config dict `config` (each
+    backend's `plan_auto`, in registry order)."""
+    out: dict[str, Any] = {}
+    for name in BACKENDS:
+        if (hook := settings_hook(name, "plan_auto")) is not None:
+            out.update(hook(config, index))
     return out
 
 

@@ -171,6 +171,8 @@ def test_a_backends_plan_fields_come_from_its_settings(
         "PLAN_FIELDS = {'guidance': ('this shot guidance', (int, float))}\n"
         "def plan_options(index, fields):\n"
         "    return {'cfg': float(fields['guidance'])} if fields.get('guidance') is not None else {}\n"
+        "def plan_auto(config, index):\n"
+        "    return {'guidance': 5 + index}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(
@@ -188,3 +190,13 @@ def test_a_backends_plan_fields_come_from_its_settings(
     path.write_text(path.read_text().replace("guidance: 3", "guidance: loud"))
     with pytest.raises(ConfigError, match="shot 2: guidance must be int, got 'loud'"):
         read_plan(path)
+    # the automatic values a fresh plan shows are the backends' too (InfiniteTalk's seed: the run's + index)
+    from fractions import Fraction
+
+    from tasks.config.pipeline import load_config
+    from tasks.decision.review import fresh_plan
+
+    records = [{"index": 3, "plan": {"start_frame": 0, "end_frame": 24}, "decision": None}]
+    config = load_config(overrides=["infinitetalk.seed=7"]).to_dict()
+    (shot,) = fresh_plan("film.mp4", "dub.wav", Fraction(24), 24, records, config)["shots"]
+    assert shot["auto"]["seed"] == 10 and shot["auto"]["guidance"] == 8

@@ -89,9 +89,9 @@ def test_the_plan_shows_the_estimate_regions(tmp_path: Path):
               "status": "speaker"}  # fmt: skip
     shots = [
         {"index": 0, "start_frame": 0, "end_frame": 24, "dub": False, "reason": "speaker off screen",
-         "regions": (), "seed": 42},
+         "regions": (), "backend": {"seed": 42}},
         {"index": 1, "start_frame": 24, "end_frame": 48, "dub": True, "reason": "speech 80%; speaker: track 1",
-         "regions": (region,), "seed": 43},
+         "regions": (region,), "backend": {"seed": 43}},
     ]  # fmt: skip
     doc = plan_document("film.mp4", "dub.wav", Fraction(24), 48, shots)
     path = write_plan(tmp_path / "plan.yaml", doc)

@@ -102,7 +102,7 @@ def test_the_plan_files_answers_key_the_shot_like_the_runs_overrides(tmp_path):
         for i in range(3)
     ]  # fmt: skip
     plan = tmp_path / "film.plan.yaml"
-    fresh = fresh_plan("film.mp4", "dub.wav", FPS, 300, records, seed=42)
+    fresh = fresh_plan("film.mp4", "dub.wav", FPS, 300, records, load_config().to_dict())
     answers = {1: [{"start_frame": 100, "end_frame": 200, "speaker": 3, "by": "person"}]}
     write_answers(plan, answers, fresh)
     assert read_plan(plan)[1]["overrides"]["answers"][0]["speaker"] == 3

@@ -65,7 +65,8 @@ def plan_document(
     film: str, audio: str, fps: Fraction, frame_count: int, shots: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The plan as a YAML-ready mapping. `shots`: index, start_frame, end_frame, dub, reason, regions (the
-    estimate's: start_frame, end_frame, box, speaker, score, status), seed."""
+    estimate's: start_frame, end_frame, box, speaker, score, status), backend (the backend's automatic
+    values of its plan fields, `tasks.backends.plan_auto`)."""
     entries = []
     for s in shots:
         entries.append(
@@ -79,7 +80,7 @@ def plan_document(
                     "dub": bool(s["dub"]),
                     "reason": s["reason"],
                     "regions": [_region(r) for r in s.get("regions") or ()],
-                    "seed": s["seed"],
+                    **s.get("backend", {}),
                 },
                 "override": {name: ("auto" if name == "dub" else None) for name in override_fields()},
             }

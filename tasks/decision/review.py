@@ -19,6 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from tasks.backends import plan_auto
 from tasks.decision.plan_file import plan_document, read_plan, timecode, write_plan
 from tasks.decision.record import ShotDecision
 
@@ -209,7 +210,12 @@ def write_answers(
 
 
 def fresh_plan(
-    film: str, audio: str, fps: Fraction, frame_count: int, records: Sequence[Mapping[str, Any]], seed: int
+    film: str,
+    audio: str,
+    fps: Fraction,
+    frame_count: int,
+    records: Sequence[Mapping[str, Any]],
+    config: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The plan document `dubflow plan --out` would write, from the film run's planned records."""
     shots = []
@@ -219,7 +225,7 @@ def fresh_plan(
             {"index": r["index"], "start_frame": r["plan"]["start_frame"], "end_frame": r["plan"]["end_frame"],
              "dub": d["dub"], "reason": d["reason"],
              "regions": [{k: v for k, v in g.items() if k != "people"} for g in d.get("regions") or ()],
-             "seed": seed + r["index"]}
+             "backend": plan_auto(config, r["index"])}
         )  # fmt: skip
     return plan_document(film, audio, fps, frame_count, shots)
 

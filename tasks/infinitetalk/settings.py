@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tasks.backends import backend_option
 from tasks.config.schema import build_section
 from tasks.errors import ConfigError
 
@@ -137,6 +138,12 @@ def effective_options(config: dict[str, Any], *, for_key: bool = False) -> dict[
         ]
     config[SECTION] = section
     return config
+
+
+def plan_auto(config: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The plan's automatic values for shot `index` under the plain config dict `config`: its seed (the
+    run's seed + the index, as the sampler uses it)."""
+    return {"seed": int(backend_option(config, "seed", 0) or 0) + index}
 
 
 def plan_options(index: int, fields: Mapping[str, Any]) -> dict[str, Any]:
