@@ -18,6 +18,7 @@ from tasks.config.speaker import GateConfig, SpeakerConfig
 from tasks.decision.overrides import ShotOverrides, precedence
 from tasks.decision.record import DubRegion, ShotDecision, Turn
 from tasks.perception.face_analysis import ShotFaces
+from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.speech import SpeechInfo
 from tasks.picture.region import (
     Box,
@@ -52,19 +53,43 @@ def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
     return seg.speaker, True
 
 
+def _beside_change(
+    segs: Sequence[SpeakerSegment], targets: list[tuple[int | None, bool]]
+) -> list[tuple[int | None, bool]]:
+    """``targets`` with each ambiguous segment beside a change of voice (`SpeakerSegment.change`, content's turn
+    band) dubbed on the face of the turn on its own side of the change: the nearest segment before it (it ends
+    by the change) or after it (it starts at the change) that is no such band's; its own face where there is
+    none.  The band is uncertain because the change is placed only to a few frames; dubbing all of it on one
+    face moved the switch to the band's edge (0.6 s early or late), so the switch is put at the change."""
+    out = list(targets)
+    for i, seg in enumerate(segs):
+        at = seg.change
+        if at is None or not targets[i][1]:
+            continue
+        side = range(i - 1, -1, -1) if seg.end_frame <= at else range(i + 1, len(segs))
+        j = next((j for j in side if segs[j].change is None), None)
+        if j is not None:
+            out[i] = (targets[j][0], True)
+    return out
+
+
 def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Turn]:
     """The turns covering the shot, from the face analysis's speaker segments: each reaches to the middle of
     the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
     one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
-    too in one of its segments or its score is below ``min_score``."""
+    too in one of its segments or its score is below ``min_score``.  Under ``most_likely`` the uncertain
+    speech beside a change of voice is dubbed on the face of the turn on its side (`_beside_change`)."""
     if uncertain not in UNCERTAIN:
         raise ValueError(f"speaker.uncertain must be one of {UNCERTAIN}, got {uncertain!r}")
     segs = list(faces.segments)
+    targets = [_target(seg, faces, uncertain) for seg in segs]
+    if uncertain == "most_likely":
+        targets = _beside_change(segs, targets)
     turns: list[list[Any]] = []  # [start, end, track, [(score, frames)], ambiguous]
     for i, seg in enumerate(segs):
         start = 0 if i == 0 else (segs[i - 1].end_frame + seg.start_frame) // 2
         end = faces.num_frames if i == len(segs) - 1 else (seg.end_frame + segs[i + 1].start_frame) // 2
-        track, ambiguous = _target(seg, faces, uncertain)
+        track, ambiguous = targets[i]
         scored = (seg.score, seg.end_frame - seg.start_frame)
         # the same speaker (or nobody) goes on: one turn; [issue 24] unless one of them is sure and the
         # other ambiguous (agreement segments: a clear line next to an unclear one stays apart)
