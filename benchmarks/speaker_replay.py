@@ -52,7 +52,7 @@ from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.vad import RATE
 from tasks.perception.verdict import STAGES, VerdictInputs, speaker_verdict
-from tests.av_cases import SETS, _builders, close_up, judge
+from tests.av_cases import SETS, STILL_LISTENER, _builders, beside_still, close_up, judge
 from tests.speaker_cases import FPS, SEEDS, SR, encode
 
 RULES = {"shot", "out_of_sync", *STAGES}  # what --without can leave out
@@ -102,11 +102,13 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for split in splits:
-                made = (
-                    {f"close_up/close_up_{i}": functools.partial(close_up, i) for i in _seeds()}
-                    if split == "close_up"  # a lone face saying its own line, every seed present
-                    else {f"{split}/{k}": build for k, build in _builders(split, SETS[split]).items()}
-                )
+                if split == "close_up":  # a lone face saying its own line, every seed present
+                    made = {f"close_up/close_up_{i}": functools.partial(close_up, i) for i in _seeds()}
+                elif split == "still_listener":  # a speaker beside a still listener (committed seeds)
+                    made = {f"still_listener/s{a}_l{b}_{side}": functools.partial(beside_still, a, b, side)
+                            for a, b, side in STILL_LISTENER}  # fmt: skip
+                else:
+                    made = {f"{split}/{k}": build for k, build in _builders(split, SETS[split]).items()}
                 for name, build in made.items():
                     if _file(root, name).with_suffix(".json").is_file():
                         continue
@@ -195,6 +197,9 @@ class Replayer:
         seeds = frozenset((m.a, m.b, m.c)) if m is not None else frozenset()
         if split == "close_up":
             seeds = frozenset({int(case.rsplit("_", 1)[1])})
+        if split == "still_listener":  # "s<speaker>_l<listener>_<side>"
+            speaker, listener, _side = case.split("_")
+            seeds = frozenset({int(speaker[1:]), int(listener[1:])})
         return self._map_without(seeds & set(self.heads))
 
     def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
@@ -380,7 +385,8 @@ def main() -> None:
     ap.add_argument(
         "--splits",
         default="tune,held_out",
-        help="record: comma-separated sets of tests/av_cases.py, or close_up (every seed present alone, own line)",
+        help="record: comma-separated sets of tests/av_cases.py, close_up (every seed present alone, own line) "
+        "or still_listener (tests/av_cases.py STILL_LISTENER)",
     )
     ap.add_argument(
         "--without",
