@@ -297,9 +297,9 @@ class Replayer:
 
 
 def kind_of(name: str) -> str:
-    """The kind of a case ("held_out_7/turn_taking" -> "turn_taking", close-ups -> "close_up")."""
+    """The kind of a case ("held_out_7/turn_taking" -> "turn_taking"; close-ups, a still listener: their set)."""
     split, case = name.split("/")
-    return "close_up" if split == "close_up" else case
+    return split if split in ("close_up", "still_listener") else case
 
 
 def switch_of(
