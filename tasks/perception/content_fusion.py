@@ -4,8 +4,9 @@ face's mouth *says* (`tasks.perception.content`), with the voices of the shot's 
 Rhythm (agreement, Light-ASD's lead) cannot tell which of two moving mouths says the words, and a lone face has
 nothing to be ranked against; mouth shapes against the sound's content can (docs/speaker.md has the settings):
 
-- two or more scored faces: the speech is cut where the voice changes (`turn_bounds`), the speech next to a
-  change left uncertain; each turn (one voice) is judged once on its whole length (`_turn_face`): its clear
+- two or more scored faces: the speech is cut where the voice changes (`turn_bounds`, then `place_change`), the
+  speech next to a change left uncertain, each side of it marked as such (`SpeakerSegment.change`: the gate dubs
+  it on its side's turn's face under `speaker.uncertain: most_likely`); each turn (one voice) is judged once on its whole length (`_turn_face`): its clear
   best fit, if rhythm's likeliest face too or leading by ``overrule``, speaks every segment of it, confidently
   (a segment rhythm was sure of for another face: uncertain); across a change both turns must be said, by two
   faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
@@ -81,6 +82,7 @@ class ContentEvidence:
 # 210 replayed cases and the unseen sets at half the voice encoder's cost (benchmarks/RESULTS.md)
 SCAN_STEP = 4
 
+
 def turn_bounds(
     ev: ContentEvidence, a: int, b: int, cs: ContentSettings, voices: VoicesOf | None
 ) -> list[int]:
@@ -107,24 +109,26 @@ def turn_bounds(
 # placing a change the scan found: candidates every PLACE_STEP frames within the guard band, PLACE_W_S of sound
 # either side of each against the two turns' own voices (0.48 s: on the 28 turn-taking cases of the 210 with a
 # change found, 23 placed within 5 frames of the truth against 6 for the scan's 2-s windows; benchmarks/RESULTS.md)
+# ... within PLACE_REACH_S of the scan's change (0.4 s off at the median on the 210, 0.72 s at most)
 PLACE_STEP = 2
 PLACE_W_S = 0.48
+PLACE_REACH_S = 0.6
 
 
-def place_change(ev: ContentEvidence, b: int, lo: int, hi: int, guard: int, voices: VoicesOf) -> int:
+def place_change(ev: ContentEvidence, b: int, lo: int, hi: int, reach: int, voices: VoicesOf) -> int:
     """The change of voice `turn_bounds` found at ``b`` (between the turns [lo, b) and [b, hi)) placed where the
     sound before a point sounds most like the first turn's voice and the sound after it most like the second's:
-    each turn's voice from its speech outside the guard band, the candidates within ``guard`` of ``b`` with
+    each turn's voice from its speech further than ``reach`` from ``b``, the candidates within ``reach`` of it with
     speech on at least half of `PLACE_W_S` either side.  The scan compares 2 s either side, which blurs the
     place by up to 0.7 s; this compares short stretches with two known voices.  ``b`` when nothing can be
     compared."""
     w = round(PLACE_W_S * ev.fps)
-    one, two = (lo, b - guard), (b + guard, hi)
+    one, two = (lo, b - reach), (b + reach, hi)
     if one[1] - one[0] < w or two[1] - two[0] < w:
         return b
     cands = [
         t
-        for t in range(max(lo + w, b - guard), min(hi - w, b + guard) + 1, PLACE_STEP)
+        for t in range(max(lo + w, b - reach), min(hi - w, b + reach) + 1, PLACE_STEP)
         if 2 * ev.spoken(t - w, t) >= w and 2 * ev.spoken(t, t + w) >= w
     ]
     if not cands:
@@ -174,7 +178,8 @@ def judge_content(
         a, b = spoken[0].start_frame, spoken[-1].end_frame
         found = turn_bounds(ev, a, b, cs, voices)
         ends = [a, *found, b]
-        bounds = sorted(place_change(ev, f, ends[i], ends[i + 2], guard, voices) for i, f in enumerate(found))
+        reach = round(PLACE_REACH_S * ev.fps)
+        bounds = sorted(place_change(ev, f, ends[i], ends[i + 2], reach, voices) for i, f in enumerate(found))
     edges = [0, *bounds, n]
     cuts = sorted({f for b in bounds for f in (b - guard, b, b + guard)})
     lone = ev.shapes.shape[0] == 1
