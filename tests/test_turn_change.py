@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 from tasks.perception.content_fusion import ContentEvidence, place_change, turn_bounds
 from tasks.perception.face_analysis import _voices_of
 from tasks.perception.vad import at_frames, speech_probs
