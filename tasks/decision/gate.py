@@ -110,7 +110,7 @@ def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Tu
     one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
     too in one of its segments or its score is below ``min_score``.  Under ``most_likely`` the uncertain
     speech beside a change of voice is dubbed on the face of the turn on its side (`_beside_change`), and an
-    unsure turn is not dubbed on the face its sure neighbour across a change of voice speaks with (`_across_change`)."""
+    unsure turn not on the face its sure neighbour across a change of voice speaks with (`_across_change`)."""
     if uncertain not in UNCERTAIN:
         raise ValueError(f"speaker.uncertain must be one of {UNCERTAIN}, got {uncertain!r}")
     segs = list(faces.segments)

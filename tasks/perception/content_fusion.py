@@ -6,10 +6,10 @@ nothing to be ranked against; mouth shapes against the sound's content can (docs
 
 - two or more scored faces: the speech is cut where the voice changes (`turn_bounds`, then `place_change`), the
   speech next to a change left uncertain, each side of it marked as such (`SpeakerSegment.change`: the gate dubs
-  it on its side's turn's face under `speaker.uncertain: most_likely`); each turn (one voice) is judged once on its whole length (`_turn_face`): its clear
-  best fit, if rhythm's likeliest face too or leading by ``overrule``, speaks every segment of it, confidently
-  (a segment rhythm was sure of for another face: uncertain); across a change both turns must be said, by two
-  faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
+  it on its side's turn's face under `speaker.uncertain: most_likely`); each turn (one voice) is judged once on
+  its whole length (`_turn_face`): its clear best fit, if rhythm's likeliest face too or leading by
+  ``overrule``, speaks every segment of it, confidently (a segment rhythm was sure of for another face:
+  uncertain); across a change both turns must be said, by two faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
 - a lone face fitting ``lone`` or more says the speech, confidently; fitting ``lone_off`` or less where rhythm
   is unsure, nobody on screen says it (a reaction shot);
 - otherwise the verdict stands (that is what "uncertain" is for), an uncertain segment naming the
