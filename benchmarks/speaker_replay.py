@@ -17,7 +17,10 @@ about a minute.  Must not be imported by the pipeline.
     PYTHONPATH=. python benchmarks/speaker_replay.py record --splits tune,held_out --dir /tmp/speaker_rec
     PYTHONPATH=. python benchmarks/speaker_replay.py replay --dir /tmp/speaker_rec \
         [--without shot --without shot,out_of_sync ...] [--second-face-bar 0.5,1.0] [--margin-box 1.1:0.21] \
-        [--set speaker.KEY=VALUE ...]
+        [--set speaker.KEY=VALUE ...] [--detail]
+
+``--detail`` adds, per run, right / uncertain / wrong per kind of case and the turn-taking cases' dubbed switches
+(`switch_of`); ``record --splits still_listener`` records `tests/av_cases.py`'s speaker-beside-a-still-listener set.
 """
 
 from __future__ import annotations
