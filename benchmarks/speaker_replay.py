@@ -17,7 +17,10 @@ about a minute.  Must not be imported by the pipeline.
     PYTHONPATH=. python benchmarks/speaker_replay.py record --splits tune,held_out --dir /tmp/speaker_rec
     PYTHONPATH=. python benchmarks/speaker_replay.py replay --dir /tmp/speaker_rec \
         [--without shot --without shot,out_of_sync ...] [--second-face-bar 0.5,1.0] [--margin-box 1.1:0.21] \
-        [--set speaker.KEY=VALUE ...]
+        [--set speaker.KEY=VALUE ...] [--detail]
+
+``--detail`` adds, per run, right / uncertain / wrong per kind of case and the turn-taking cases' dubbed switches
+(`switch_of`); ``record --splits still_listener`` records `tests/av_cases.py`'s speaker-beside-a-still-listener set.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.vad import RATE
 from tasks.perception.verdict import STAGES, VerdictInputs, speaker_verdict
-from tests.av_cases import SETS, _builders, close_up, judge
-from tests.speaker_cases import SEEDS, SR, encode
+from tests.av_cases import SETS, STILL_LISTENER, _builders, beside_still, close_up, judge
+from tests.speaker_cases import FPS, SEEDS, SR, encode
 
 RULES = {"shot", "out_of_sync", *STAGES}  # what --without can leave out
 # a variant's extra rule: (confident segments, network scores (n_tracks, T), agreement (n_tracks, steps), step)
@@ -102,11 +105,13 @@ def record(splits: list[str], root: Path, cfg: Any) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for split in splits:
-                made = (
-                    {f"close_up/close_up_{i}": functools.partial(close_up, i) for i in _seeds()}
-                    if split == "close_up"  # a lone face saying its own line, every seed present
-                    else {f"{split}/{k}": build for k, build in _builders(split, SETS[split]).items()}
-                )
+                if split == "close_up":  # a lone face saying its own line, every seed present
+                    made = {f"close_up/close_up_{i}": functools.partial(close_up, i) for i in _seeds()}
+                elif split == "still_listener":  # a speaker beside a still listener (committed seeds)
+                    made = {f"still_listener/s{a}_l{b}_{side}": functools.partial(beside_still, a, b, side)
+                            for a, b, side in STILL_LISTENER}  # fmt: skip
+                else:
+                    made = {f"{split}/{k}": build for k, build in _builders(split, SETS[split]).items()}
                 for name, build in made.items():
                     if _file(root, name).with_suffix(".json").is_file():
                         continue
@@ -154,8 +159,9 @@ def _arrays(inputs: VerdictInputs | None, voice: np.ndarray | None) -> dict[str,
 class Replayer:
     """The rules after the analysis, on one directory of records; voice embeddings computed once per span."""
 
-    def __init__(self, root: Path, cfg: Any, heads: Path | None = None) -> None:
+    def __init__(self, root: Path, cfg: Any, heads: Path | None = None, detail: bool = False) -> None:
         self.cfg = cfg
+        self.detail = detail  # print each run's verdicts per kind of case and the turn-taking switches
         self.prior = load_prior()
         # with ``heads`` (scripts/fit_content_prior.py --cache): per case a map fitted without its own seeds
         self.heads = None if heads is None else load_heads(heads)
@@ -166,6 +172,7 @@ class Replayer:
                 meta["arrays"] = {k: z[k] for k in z.files}
             self.cases.append(meta)
         self._voices: dict[tuple[str, tuple[int, int]], np.ndarray] = {}
+        self.turns: dict[str, list[tuple[int, int, int | None, str]]] = {}  # the last run's gate turns
 
     def _voices_of(self, meta: dict[str, Any]) -> Callable[[list[tuple[int, int]]], np.ndarray]:
         def embed(spans):
@@ -193,6 +200,9 @@ class Replayer:
         seeds = frozenset((m.a, m.b, m.c)) if m is not None else frozenset()
         if split == "close_up":
             seeds = frozenset({int(case.rsplit("_", 1)[1])})
+        if split == "still_listener":  # "s<speaker>_l<listener>_<side>"
+            speaker, listener, _side = case.split("_")
+            seeds = frozenset({int(speaker[1:]), int(listener[1:])})
         return self._map_without(seeds & set(self.heads))
 
     def verdict(self, meta: dict[str, Any], without: set[str], hook: Hook | None) -> str:
@@ -250,6 +260,7 @@ class Replayer:
         ]
         truth = tuple((a, b, k) for a, b, k in meta["truth"])
         case = LiteCase(np.empty((meta["n"], 0)), arr["audio"], truth, tuple(meta["onsets"]))
+        self.turns[meta["name"]] = turns
         return judge(case, turns).result  # type: ignore[arg-type]
 
     def run(self, label: str, without: set[str] | None = None, hook: Hook | None = None,
@@ -261,7 +272,61 @@ class Replayer:
         for name in sorted(got):
             if base is not None and got[name] != base[name]:
                 print(f"  {name}: {base[name]} -> {got[name]}")
+        if self.detail:
+            self.report(got)
         return got
+
+    def report(self, got: dict[str, str]) -> None:
+        """Right / uncertain / wrong per kind of case, and the turn-taking cases' switches."""
+        kinds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for name, result in got.items():
+            kinds[kind_of(name)][result] += 1
+        print("  per kind (right/uncertain/wrong): " + ", ".join(
+            f"{k} {c['right']}/{c['uncertain']}/{c['wrong']}" for k, c in sorted(kinds.items())))  # fmt: skip
+        metas = {m["name"]: m for m in self.cases}
+        rows = [(name, switch_of(metas[name]["truth"], self.turns[name]))
+                for name in sorted(got) if kind_of(name) == "turn_taking" and name in self.turns]  # fmt: skip
+        if not rows:
+            return
+        for name, (dubbed, sure) in rows:
+            print(f"  {name}: dubbed switch {_s(dubbed)}, both turns confident: {sure}")
+        errs = np.array([abs(d) for _, (d, _s2) in rows if d is not None])
+        both = np.array([abs(d) for _, (d, sure) in rows if d is not None and sure])
+        for what, e in (("every case with a dubbed switch", errs), ("both turns confident", both)):
+            if len(e):
+                print(f"  switch error, {what}: {len(e)} of {len(rows)} cases, median {np.median(e):.2f} s, "
+                      f"<= 0.2 s: {int((e <= 0.2 + 1e-9).sum())}, <= 0.4 s: {int((e <= 0.4 + 1e-9).sum())}, "
+                      f"max {e.max():.2f} s")  # fmt: skip
+
+
+def kind_of(name: str) -> str:
+    """The kind of a case ("held_out_7/turn_taking" -> "turn_taking"; close-ups, a still listener: their set)."""
+    split, case = name.split("/")
+    return split if split in ("close_up", "still_listener") else case
+
+
+def switch_of(
+    truth: list[tuple[int, int, int | None]], turns: list[tuple[int, int, int | None, str]]
+) -> tuple[float | None, bool]:
+    """(dubbed switch minus the true one in seconds, both turns confident) of a two-turn case: the dubbed switch
+    is the start of the first turn on the second speaker's face right after one on the first speaker's, whatever
+    their status (what `speaker.uncertain: most_likely` dubs; None: no such switch); "both confident": each
+    true turn has at least half of its frames in confident turns on its own face."""
+    (a0, b0, k0), (a1, b1, k1) = truth[0], truth[1]
+    on = [(a, k) for a, _b, k, _st in turns if k is not None]  # the dubbed turns
+    pairs = zip(on, on[1:], strict=False)
+    start = next((a for (_p, kp), (a, k) in pairs if kp == k0 and k == k1), None)
+    dubbed = None if start is None else round((start - a1) / FPS, 2)
+
+    def sure(a: int, b: int, k: int | None) -> bool:
+        hit = sum(max(0, min(b, e) - max(a, s)) for s, e, kk, st in turns if kk == k and st != "uncertain")
+        return 2 * hit >= b - a
+
+    return dubbed, sure(a0, b0, k0) and sure(a1, b1, k1)
+
+
+def _s(v: float | None) -> str:
+    return "none" if v is None else f"{v:+.2f} s"
 
 
 def _span_means(rows: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -323,7 +388,8 @@ def main() -> None:
     ap.add_argument(
         "--splits",
         default="tune,held_out",
-        help="record: comma-separated sets of tests/av_cases.py, or close_up (every seed present alone, own line)",
+        help="record: comma-separated sets of tests/av_cases.py, close_up (every seed present alone, own line) "
+        "or still_listener (tests/av_cases.py STILL_LISTENER)",
     )
     ap.add_argument(
         "--without",
@@ -346,12 +412,15 @@ def main() -> None:
         "each case judged by a content map fitted without its own seeds (no prior leak)",
     )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    ap.add_argument(
+        "--detail", action="store_true", help="replay: each run per kind of case, turn-taking's switches"
+    )
     args = ap.parse_args()
     cfg = load_config(overrides=args.set)
     if args.step == "record":
         record(args.splits.split(","), args.dir, cfg)
         return
-    rep = Replayer(args.dir, cfg, args.heads)
+    rep = Replayer(args.dir, cfg, args.heads, args.detail)
     recorded = {m["name"]: m["verdict"] for m in rep.cases}
     n = collections.Counter(recorded.values())
     print(

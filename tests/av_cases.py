@@ -46,6 +46,9 @@ committed), composed after the warm-up rule of `tasks.perception.asd_speaker.fus
 in new roles (new cases, no new person), composed after that run with no rule changed and run once;
 ``held_out_30`` to ``held_out_33`` of four more people (seeds 27-30, not committed), composed for the content
 route's decision rules (issue 45) before those were settled, and run once with them.
+``still_listener`` (`STILL_LISTENER`, `beside_still`): a speaker beside a *still* listener (a face alive, lips at
+rest), the one kind of the issue's "right and confident" list none of the sets above holds; composed from the
+committed seeds on 2026-12-06 (issue 45) and committed before any of it was run or any rule changed on it.
 `judge` scores a decision's regions against
 the truth.
 """
@@ -67,7 +70,7 @@ from tasks.decision.shot_decision import decide_shot
 from tasks.media.probe import probe
 from tasks.perception.face_analysis import ShotFaces
 from tasks.perception.vad import HOP_S, VadSettings, segments, speech_probs
-from tests.speaker_cases import FPS, SR, encode, seed_audio, seed_frames
+from tests.speaker_cases import FPS, SR, encode, listener, seed_audio, seed_frames
 
 N = 120  # frames of a case (4.8 s)
 BG = 60
@@ -315,6 +318,29 @@ SETS = {
 }
 
 
+# a speaker beside a still listener (issue 45's "every speaker beside a still listener: right and confident"):
+# (speaker seed, listener seed, the speaker's side); each committed seed speaks its own line from its first frame
+# beside seed 1's or seed 5's quiet stretch (`tests.speaker_cases.QUIET`: lips at rest, the face blinking and
+# moving, played back and forth), both sides; composed and committed before any of it was run (none of the sets
+# above has a still listener; test_speaker.py's speaker_left / speaker_right are seeds 2 and 3 beside seed 1)
+STILL_LISTENER = (
+    (2, 5, "left"), (3, 5, "right"), (4, 1, "right"), (4, 5, "left"), (5, 1, "left"), (6, 1, "left"),
+    (6, 5, "right"), (7, 1, "right"), (7, 5, "left"), (8, 1, "left"), (8, 5, "right"), (9, 1, "right"),
+    (9, 5, "left"), (1, 5, "right"), (2, 1, "right"), (3, 1, "left"),
+)  # fmt: skip
+
+
+def beside_still(a: int, b: int, side: str) -> AvCase:
+    """Seed ``a`` saying its own line from its first frame on the ``side`` of the frame, seed ``b``'s still
+    listening face on the other."""
+    clips = [talking(a, N), listener(b, N)]
+    k = 0 if side == "left" else 1
+    clips = clips if k == 0 else clips[::-1]
+    return _case(
+        f"s{a}_l{b}_{side}", "still_listener", clips, (360, 640), _voice(a, N), ((0, N, k),), _onset(a)
+    )
+
+
 def av_cases(splits: tuple[str, ...] = ("tune", "held_out", "held_out_2")) -> dict[str, AvCase]:
     """The sets, keyed "<split>/<name>": tune (voices of seeds 2 and 1), held_out (4 and 5), held_out_2
     (3 and 4: unseen while the rules were set)."""
@@ -386,8 +412,10 @@ __all__ = [
     "AvCase",
     "Material",
     "Verdict",
+    "STILL_LISTENER",
     "av_cases",
     "backwards",
+    "beside_still",
     "close_up",
     "canvas",
     "judge",

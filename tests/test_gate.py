@@ -91,6 +91,94 @@ def test_turn_taking_gives_one_region_per_turn_split_in_the_pause():
     assert "track 0 -> track 1" in d.reason
 
 
+def _scored(f: ShotFaces) -> ShotFaces:
+    """``f`` with an agreement route's rows (a sure turn and an uncertain one of one face stay two turns)."""
+    return dataclasses.replace(f, agreement=((0.5,) * 20, (0.1,) * 20))
+
+
+def _band(a, b, speaker, change, runner_up=None):
+    """An uncertain segment of content's band around a change of voice at frame ``change`` (through the JSON
+    form, as the planning reads the analysis back)."""
+    return SpeakerSegment.from_dict(
+        {"start_frame": a, "end_frame": b, "status": "uncertain", "speaker": speaker, "score": 0.2,
+         "runner_up": runner_up, "change": change}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("named", [0, 1])
+def test_the_band_around_a_change_of_voice_switches_at_the_change(named):
+    """Turns in (track 0 sure, the uncertain band around a change of voice at frame 50 whose likeliest face is
+    ``named`` over all of it, track 1 sure), regions out: under `most_likely` the switch is at the change, each
+    half of the band on its own side's face and still uncertain (the review asks about both); before, the
+    whole band was one region on the named face, the switch 0.6 s early or late."""
+    other = 1 - named
+    segs = [seg(0, 35, "speaker", 0), _band(35, 50, named, 50, other), _band(50, 65, named, 50, other),
+            seg(65, 100, "speaker", 1)]  # fmt: skip
+    d = decide(0, SPEECH, _scored(faces(TWO, segs)), REGION)
+    assert [(r.start_frame, r.end_frame, r.speaker, r.status) for r in d.regions] == [
+        (0, 35, 0, "speaker"), (35, 50, 0, "uncertain"), (50, 65, 1, "uncertain"), (65, 100, 1, "speaker"),
+    ]  # fmt: skip
+    # a pause inside the band: the switch in the pause, each side still its own turn's face
+    segs = [
+        seg(0, 35, "speaker", 0),
+        _band(35, 47, named, 50),
+        _band(53, 65, named, 50),
+        seg(65, 100, "speaker", 1),
+    ]
+    d = decide(0, SPEECH, _scored(faces(TWO, segs)), REGION)
+    assert [(r.start_frame, r.end_frame, r.speaker) for r in d.regions] == [
+        (0, 35, 0), (35, 50, 0), (50, 65, 1), (65, 100, 1),
+    ]  # fmt: skip
+
+
+def test_the_band_follows_the_other_policies_and_its_own_face_without_a_neighbour():
+    # skip: the band is not dubbed at all, the turns either side are
+    segs = [seg(0, 35, "speaker", 0), _band(35, 50, 0, 50), _band(50, 65, 0, 50), seg(65, 100, "speaker", 1)]
+    d = decide(0, SPEECH, _scored(faces(TWO, segs)), REGION, uncertain="skip")
+    assert [(r.start_frame, r.end_frame, r.speaker) for r in d.regions] == [(0, 35, 0), (65, 100, 1)]
+    # a change near the shot's start: the band before it has no turn on its side and keeps its own face
+    segs = [_band(0, 10, 1, 10), _band(10, 25, 1, 10), seg(25, 100, "speaker", 0)]
+    turns = speaker_turns(_scored(faces(TWO, segs)), "most_likely", 0.0)
+    assert [(t.start, t.end, t.track, t.status) for t in turns] == [
+        (0, 10, 1, "uncertain"), (10, 25, 0, "uncertain"), (25, 100, 0, "speaker"),
+    ]  # fmt: skip
+    # the voice-over side of a change: nobody on screen says that turn, so its half of the band is not dubbed
+    segs = [seg(0, 35, "none"), _band(35, 50, 0, 50), _band(50, 65, 0, 50), seg(65, 100, "speaker", 0)]
+    d = decide(0, SPEECH, faces(TWO, segs), REGION)
+    assert [(r.start_frame, r.end_frame, r.speaker) for r in d.regions] == [(50, 100, 0)]
+
+
+def test_an_unsure_turn_across_a_change_of_voice_is_not_dubbed_on_its_sure_neighbours_face():
+    """Track 1 sure of the second turn; the first turn unsure and named track 1 too (its mouth still moves):
+    across a change of voice the speaker changed, so `most_likely` dubs the unsure turn (its half of the band
+    included) on the other moving face, switching at the change; a sure turn is never moved."""
+    segs = [seg(0, 40, "uncertain", 1, 0.3, runner_up=0), _band(40, 50, 1, 50), _band(50, 60, 1, 50),
+            seg(60, 100, "speaker", 1)]  # fmt: skip
+    d = decide(0, SPEECH, _scored(faces(TWO, segs)), REGION)
+    assert [(r.start_frame, r.end_frame, r.speaker, r.status) for r in d.regions] == [
+        (0, 50, 0, "uncertain"), (50, 60, 1, "uncertain"), (60, 100, 1, "speaker"),
+    ]  # fmt: skip
+    # both sides sure of one face (a contradiction for review elsewhere) or both unsure: left as named
+    for status in ("speaker", "uncertain"):
+        segs = [
+            seg(0, 40, status, 1, 0.3),
+            _band(40, 50, 1, 50),
+            _band(50, 60, 1, 50),
+            seg(60, 100, status, 1, 0.3),
+        ]
+        turns = speaker_turns(_scored(faces(TWO, segs)), "most_likely", 0.0)
+        assert {t.track for t in turns} == {1}, turns
+    # a third moving face: which other face spoke is not known, left as named
+    three = (*TWO, track(2, 250))
+    segs = [
+        seg(0, 40, "uncertain", 1, 0.3),
+        _band(40, 50, 1, 50),
+        _band(50, 60, 1, 50),
+        seg(60, 100, "speaker", 1),
+    ]
+    assert {t.track for t in speaker_turns(_scored(faces(three, segs)), "most_likely", 0.0)} == {1}
+
+
 def test_a_voice_over_part_is_left_undubbed():
     d = decide(0, SPEECH, faces(TWO, [seg(0, 40, "speaker", 0), seg(60, 100, "none")]), REGION)
     assert [(r.start_frame, r.end_frame) for r in d.regions] == [(0, 50)]

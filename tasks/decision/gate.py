@@ -18,6 +18,7 @@ from tasks.config.speaker import GateConfig, SpeakerConfig
 from tasks.decision.overrides import ShotOverrides, precedence
 from tasks.decision.record import DubRegion, ShotDecision, Turn
 from tasks.perception.face_analysis import ShotFaces
+from tasks.perception.speaker import SpeakerSegment
 from tasks.perception.speech import SpeechInfo
 from tasks.picture.region import (
     Box,
@@ -52,19 +53,75 @@ def _target(seg, faces: ShotFaces, uncertain: str) -> tuple[int | None, bool]:
     return seg.speaker, True
 
 
+def _beside_change(
+    segs: Sequence[SpeakerSegment], targets: list[tuple[int | None, bool]]
+) -> list[tuple[int | None, bool]]:
+    """``targets`` with each ambiguous segment beside a change of voice (`SpeakerSegment.change`, content's turn
+    band) dubbed on the face of the turn on its own side of the change: the nearest segment before it (it ends
+    by the change) or after it (it starts at the change) that is no such band's; its own face where there is
+    none.  The band is uncertain because the change is placed only to a few frames; dubbing all of it on one
+    face moved the switch to the band's edge (0.6 s early or late), so the switch is put at the change."""
+    out = list(targets)
+    for i, seg in enumerate(segs):
+        at = seg.change
+        if at is None or not targets[i][1]:
+            continue
+        side = range(i - 1, -1, -1) if seg.end_frame <= at else range(i + 1, len(segs))
+        j = next((j for j in side if segs[j].change is None), None)
+        if j is not None:
+            out[i] = (targets[j][0], True)
+    return out
+
+
+def _across_change(
+    segs: Sequence[SpeakerSegment], targets: list[tuple[int | None, bool]], faces: ShotFaces
+) -> list[tuple[int | None, bool]]:
+    """``targets`` (after `_beside_change`) where a change of voice has the same face dubbed on both sides and only
+    one side is sure of it: the unsure side (its ambiguous segments from the change up to a sure one or another
+    change, its half of the band included) dubbed on the other moving face, when exactly two are on screen.  A
+    change of voice is a change of speaker; the likeliest face of an unsure turn is often the sure neighbour's
+    still-moving mouth, which left the whole shot on one face."""
+    live = [t.id for t in faces.tracks if not t.still]
+    if len(live) != 2:
+        return targets
+    out = list(targets)
+    for c in sorted({s.change for s in segs if s.change is not None}):
+        before = [i for i, s in enumerate(segs) if s.end_frame <= c][::-1]  # moving away from the change
+        after = [i for i, s in enumerate(segs) if s.start_frame >= c]
+        jb = next((i for i in before if segs[i].change is None), None)
+        ja = next((i for i in after if segs[i].change is None), None)
+        if jb is None or ja is None:
+            continue
+        (face, unsure_b), (face_a, unsure_a) = out[jb], out[ja]
+        if face is None or face != face_a or unsure_b == unsure_a:
+            continue
+        other = live[1] if live[0] == face else live[0]
+        for i in before if unsure_b else after:
+            if not out[i][1] or segs[i].change not in (None, c):
+                break
+            if out[i][0] == face:
+                out[i] = (other, True)
+    return out
+
+
 def speaker_turns(faces: ShotFaces, uncertain: str, min_score: float) -> list[Turn]:
     """The turns covering the shot, from the face analysis's speaker segments: each reaches to the middle of
     the gaps around it (the first from frame 0, the last to the end); neighbours with the same track are
     one turn, scored by their time-weighted mean.  A turn is "uncertain" when another face moved its lips
-    too in one of its segments or its score is below ``min_score``."""
+    too in one of its segments or its score is below ``min_score``.  Under ``most_likely`` the uncertain
+    speech beside a change of voice is dubbed on the face of the turn on its side (`_beside_change`), and an
+    unsure turn not on the face its sure neighbour across a change of voice speaks with (`_across_change`)."""
     if uncertain not in UNCERTAIN:
         raise ValueError(f"speaker.uncertain must be one of {UNCERTAIN}, got {uncertain!r}")
     segs = list(faces.segments)
+    targets = [_target(seg, faces, uncertain) for seg in segs]
+    if uncertain == "most_likely":
+        targets = _across_change(segs, _beside_change(segs, targets), faces)
     turns: list[list[Any]] = []  # [start, end, track, [(score, frames)], ambiguous]
     for i, seg in enumerate(segs):
         start = 0 if i == 0 else (segs[i - 1].end_frame + seg.start_frame) // 2
         end = faces.num_frames if i == len(segs) - 1 else (seg.end_frame + segs[i + 1].start_frame) // 2
-        track, ambiguous = _target(seg, faces, uncertain)
+        track, ambiguous = targets[i]
         scored = (seg.score, seg.end_frame - seg.start_frame)
         # the same speaker (or nobody) goes on: one turn; [issue 24] unless one of them is sure and the
         # other ambiguous (agreement segments: a clear line next to an unclear one stays apart)

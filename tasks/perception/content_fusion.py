@@ -4,11 +4,12 @@ face's mouth *says* (`tasks.perception.content`), with the voices of the shot's 
 Rhythm (agreement, Light-ASD's lead) cannot tell which of two moving mouths says the words, and a lone face has
 nothing to be ranked against; mouth shapes against the sound's content can (docs/speaker.md has the settings):
 
-- two or more scored faces: the speech is cut where the voice changes (`turn_bounds`), the speech next to a
-  change left uncertain; each turn (one voice) is judged once on its whole length (`_turn_face`): its clear
-  best fit, if rhythm's likeliest face too or leading by ``overrule``, speaks every segment of it, confidently
-  (a segment rhythm was sure of for another face: uncertain); across a change both turns must be said, by two
-  faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
+- two or more scored faces: the speech is cut where the voice changes (`turn_bounds`, then `place_change`), the
+  speech next to a change left uncertain, each side of it marked as such (`SpeakerSegment.change`: the gate dubs
+  it on its side's turn's face under `speaker.uncertain: most_likely`); each turn (one voice) is judged once on
+  its whole length (`_turn_face`): its clear best fit, if rhythm's likeliest face too or leading by
+  ``overrule``, speaks every segment of it, confidently (a segment rhythm was sure of for another face:
+  uncertain); across a change both turns must be said, by two faces.  Undecided turns fall back to the segment rule (each segment scored over ``min_s`` within its turn);
 - a lone face fitting ``lone`` or more says the speech, confidently; fitting ``lone_off`` or less where rhythm
   is unsure, nobody on screen says it (a reaction shot);
 - otherwise the verdict stands (that is what "uncertain" is for), an uncertain segment naming the
@@ -81,6 +82,7 @@ class ContentEvidence:
 # 210 replayed cases and the unseen sets at half the voice encoder's cost (benchmarks/RESULTS.md)
 SCAN_STEP = 4
 
+
 def turn_bounds(
     ev: ContentEvidence, a: int, b: int, cs: ContentSettings, voices: VoicesOf | None
 ) -> list[int]:
@@ -102,6 +104,40 @@ def turn_bounds(
         return []
     s = cands[i]
     return [*turn_bounds(ev, a, s, cs, voices), s, *turn_bounds(ev, s, b, cs, voices)]
+
+
+# placing a change the scan found: candidates every PLACE_STEP frames within the guard band, PLACE_W_S of sound
+# either side of each against the two turns' own voices (0.48 s: on the 28 turn-taking cases of the 210 with a
+# change found, 23 placed within 5 frames of the truth against 6 for the scan's 2-s windows; benchmarks/RESULTS.md)
+# ... within PLACE_REACH_S of the scan's change (0.4 s off at the median on the 210, 0.72 s at most)
+PLACE_STEP = 2
+PLACE_W_S = 0.48
+PLACE_REACH_S = 0.6
+
+
+def place_change(ev: ContentEvidence, b: int, lo: int, hi: int, reach: int, voices: VoicesOf) -> int:
+    """The change of voice `turn_bounds` found at ``b`` (between the turns [lo, b) and [b, hi)) placed where the
+    sound before a point sounds most like the first turn's voice and the sound after it most like the second's:
+    each turn's voice from its speech further than ``reach`` from ``b``, the candidates within ``reach`` of it with
+    speech on at least half of `PLACE_W_S` either side.  The scan compares 2 s either side, which blurs the
+    place by up to 0.7 s; this compares short stretches with two known voices.  ``b`` when nothing can be
+    compared."""
+    w = round(PLACE_W_S * ev.fps)
+    one, two = (lo, b - reach), (b + reach, hi)
+    if one[1] - one[0] < w or two[1] - two[0] < w:
+        return b
+    cands = [
+        t
+        for t in range(max(lo + w, b - reach), min(hi - w, b + reach) + 1, PLACE_STEP)
+        if 2 * ev.spoken(t - w, t) >= w and 2 * ev.spoken(t, t + w) >= w
+    ]
+    if not cands:
+        return b
+    emb = voices([one, two] + [(t - w, t) for t in cands] + [(t, t + w) for t in cands])  # unit vectors
+    first, second = emb[0], emb[1]
+    before, after = emb[2 : 2 + len(cands)], emb[2 + len(cands) :]
+    fit = before @ first - before @ second + after @ second - after @ first  # (len(cands),)
+    return cands[int(np.argmax(fit))]
 
 
 def _leader(c: np.ndarray) -> tuple[int | None, float]:
@@ -137,10 +173,14 @@ def judge_content(
     n = ev.pred.shape[0]
     spoken = [s for s in segments if s.status != "none"]
     bounds = []
-    if spoken and ev.shapes.shape[0] > 1:
-        bounds = turn_bounds(ev, spoken[0].start_frame, spoken[-1].end_frame, cs, voices)
-    edges = [0, *bounds, n]
     guard = round(cs.turn_guard_s * ev.fps)
+    if spoken and ev.shapes.shape[0] > 1 and voices is not None:
+        a, b = spoken[0].start_frame, spoken[-1].end_frame
+        found = turn_bounds(ev, a, b, cs, voices)
+        ends = [a, *found, b]
+        reach = round(PLACE_REACH_S * ev.fps)
+        bounds = sorted(place_change(ev, f, ends[i], ends[i + 2], reach, voices) for i, f in enumerate(found))
+    edges = [0, *bounds, n]
     cuts = sorted({f for b in bounds for f in (b - guard, b, b + guard)})
     lone = ev.shapes.shape[0] == 1
     pieces = _split(segments, cuts)
@@ -163,8 +203,12 @@ def judge_content(
             out.append(seg)
             continue
         if id(seg) in near:
-            # next to a change of voice, where it is not known to the frame: for review
-            out.append(dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3)))
+            # next to a change of voice, where it is not known to the frame: for review; its side of the
+            # change kept (`change`), so the likeliest-face policy dubs it on that side's turn's face
+            at = min(bounds, key=lambda b: abs((seg.start_frame + seg.end_frame) / 2 - b))
+            out.append(
+                dataclasses.replace(seg, status="uncertain", score=round(0.5 * seg.score, 3), change=at)
+            )
             continue
         i = turn_of[id(seg)]
         if decided.get(i) is not None:
@@ -241,9 +285,10 @@ def _merge(segs: list[SpeakerSegment]) -> list[SpeakerSegment]:
     out: list[SpeakerSegment] = []
     for s in segs:
         p = out[-1] if out else None
-        if p is not None and p.end_frame == s.start_frame and (p.status, p.speaker, p.runner_up) == (
-            s.status, s.speaker, s.runner_up,
-        ):  # fmt: skip
+        same = p is not None and (p.status, p.speaker, p.runner_up, p.change) == (
+            s.status, s.speaker, s.runner_up, s.change,
+        )  # fmt: skip
+        if p is not None and same and p.end_frame == s.start_frame != s.change:  # never across a change
             a, b = p.end_frame - p.start_frame, s.end_frame - s.start_frame
             out[-1] = dataclasses.replace(p, end_frame=s.end_frame,
                                           score=round((p.score * a + s.score * b) / max(1, a + b), 3))  # fmt: skip

@@ -62,16 +62,23 @@ class SpeakerSegment:
     speaker: int | None  # track id: the speaker, or the most likely one when uncertain; None for "none"
     score: float  # 0..1 confidence in the status
     runner_up: int | None = None  # the other candidate of an uncertain segment
+    # an uncertain segment beside a change of voice (content's turn band): the frame of that change; the
+    # segment lies wholly on one side of it, and the likeliest-face policy dubs it on that side's turn's face
+    change: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["change"] is None:  # records without a change read as before
+            del d["change"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpeakerSegment:
-        spk, run = d.get("speaker"), d.get("runner_up")
+        spk, run, chg = d.get("speaker"), d.get("runner_up"), d.get("change")
         return cls(
             int(d["start_frame"]), int(d["end_frame"]), str(d["status"]),
             None if spk is None else int(spk), float(d["score"]), None if run is None else int(run),
+            None if chg is None else int(chg),
         )  # fmt: skip
 
 
