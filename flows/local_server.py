@@ -26,6 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tasks.render.interrupts import check_stop
+
 log = logging.getLogger(__name__)
 
 SERVER_ENV = {
@@ -72,6 +74,7 @@ class TemporaryServer:
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
+        self.ready = False  # its API answered (only then can anything have been sent to it)
 
     @property
     def api_url(self) -> str:
@@ -96,10 +99,12 @@ class TemporaryServer:
 
     def wait_ready(self, timeout_s: float) -> float:
         """Block until the API answers its health check; the seconds since `start`. A server that exits
-        or does not answer in `timeout_s` is an error naming its log file."""
+        or does not answer in `timeout_s` is an error naming its log file; a Ctrl-C / SIGTERM
+        (`tasks.render.interrupts`) stops the wait at once."""
         assert self.proc is not None, "start() first"
         deadline = self.started + timeout_s
         while True:
+            check_stop()
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"the temporary Prefect server exited ({self.proc.returncode}); see {self.log_file}"
@@ -107,6 +112,7 @@ class TemporaryServer:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as r:
                     if r.status == 200:
+                        self.ready = True
                         return time.monotonic() - self.started
             except (OSError, urllib.error.URLError):
                 pass
@@ -116,16 +122,18 @@ class TemporaryServer:
                 )
             time.sleep(0.1)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Prefect's log and event senders drained (they would retry against a stopped server), then SIGTERM
-        to the server's process group, SIGKILL when it outlives `timeout_s`; reaped."""
+    def stop(self, timeout_s: float = 5.0, drain: bool = True) -> None:
+        """Prefect's log and event senders drained (they would retry against a stopped server; not with
+        `drain=False`, the last resort of a stop), then SIGTERM to the server's process group, SIGKILL when
+        it outlives `timeout_s` (1 s at most before it was ready); reaped. Safe before `start` and twice."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            drain_prefect()
+            if drain and self.ready:
+                drain_prefect()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
+            try:  # one still starting up may sit on SIGTERM until its start-up ends (seconds): not waited for
+                proc.wait(timeout=timeout_s if self.ready else min(timeout_s, 1.0))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
