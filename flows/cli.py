@@ -373,8 +373,7 @@ def _last_resort(signal_name: str, argv: list[str], server: Any) -> None:
     with contextlib.suppress(OSError):
         os.write(2, (_resume_line(signal_name, argv) + "\n").encode())
     if server is not None:
-        with contextlib.suppress(Exception):
-            server.stop(timeout_s=2.0, drain=False)
+        server.kill()  # whatever the main thread's own stop of it had reached
     os._exit(130)
 
 

@@ -73,6 +73,7 @@ class TemporaryServer:
         self.keep_log_as: Path | None = None  # set by the caller once the run's log folder exists
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started_proc: subprocess.Popen[bytes] | None = None  # kept after `stop` for `kill`
         self.started = 0.0
         self.ready = False  # its API answered (only then can anything have been sent to it)
 
@@ -95,6 +96,7 @@ class TemporaryServer:
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )  # fmt: skip
+        self._started_proc = self.proc
         self.started = time.monotonic()
 
     def wait_ready(self, timeout_s: float) -> float:
@@ -122,9 +124,17 @@ class TemporaryServer:
                 )
             time.sleep(0.1)
 
+    def kill(self) -> None:
+        """SIGKILL to the server's process group now, from any thread and whatever `stop` is doing (the
+        last resort of a stop: `flows/cli.py`); nothing is waited for."""
+        proc = self._started_proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
     def stop(self, timeout_s: float = 5.0, drain: bool = True) -> None:
         """Prefect's log and event senders drained (they would retry against a stopped server; not with
-        `drain=False`, the last resort of a stop), then SIGTERM to the server's process group, SIGKILL when
+        `drain=False`), then SIGTERM to the server's process group, SIGKILL when
         it outlives `timeout_s` (1 s at most before it was ready); reaped. Safe before `start` and twice."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
