@@ -35,14 +35,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import DubflowError
-
 log = logging.getLogger("dubflow")
 
 # Each command imports the project modules it needs inside its function (the only function-local imports
 # of flows/): `shots` and `plan` must start without Prefect or torch (tests/test_cli.py checks it). Outside
-# them only the standard library and tasks.errors load before `main`'s handlers are in place, so a Ctrl-C
-# at the very start still ends with the resume line.
+# them only the standard library loads before `main`'s handlers are in place, so a Ctrl-C at the very start
+# still ends with the resume line (only the interpreter's own start-up, before this file, is out of reach).
 
 
 def _add_cast_args(p: argparse.ArgumentParser) -> None:
@@ -458,11 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         _console(args)
         return handlers[args.command](args)
-    except DubflowError as ex:
-        if args is not None and args.debug:
-            raise
-        print(f"dubflow: error: {ex}", file=sys.stderr)  # a user's error: the line says it all
-        return 1
     except KeyboardInterrupt as ex:  # a Ctrl-C or SIGTERM (tasks.render.interrupts): what finished is kept
         if args is not None and args.debug:
             raise
@@ -474,9 +467,14 @@ def main(argv: list[str] | None = None) -> int:
         if command:  # everything that must be undone was (locks, children, the server): no waiting for
             _exit_now(130)  # a helper thread still busy with the next shot's preparation
         return 130
-    except Exception as ex:  # an unexpected failure: still one line unless --debug
+    except Exception as ex:  # a user's error (DubflowError: the line says it all) or an unexpected failure
         if args is not None and args.debug:
             raise
+        from tasks.errors import DubflowError
+
+        if isinstance(ex, DubflowError):
+            print(f"dubflow: error: {ex}", file=sys.stderr)
+            return 1
         where = getattr(args, "source", None) or getattr(args, "dir", None) or "dubflow"
         msg = " ".join(f"{type(ex).__name__}: {ex}".split())
         note = _log_note(ex) or " (run with --debug for the traceback)"

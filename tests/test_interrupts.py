@@ -218,7 +218,7 @@ def test_one_sigint_stops_the_default_mode_in_seconds_and_the_same_command_resum
 
 @pytest.mark.parametrize(
     "sig, when",
-    [(signal.SIGINT, 0.1), (signal.SIGINT, 0.6), (signal.SIGTERM, 1.5), (signal.SIGINT, 3.0),
+    [(signal.SIGINT, 0.3), (signal.SIGINT, 0.6), (signal.SIGTERM, 1.5), (signal.SIGINT, 3.0),
      (signal.SIGTERM, "5 shot(s): cuts at")],
 )  # fmt: skip
 def test_a_signal_at_an_early_instant_stops_the_command_the_same_way(
