@@ -4,8 +4,8 @@
 # Starts the local stack (scripts/stack.sh start: server + UI, pools, deployments, the cpu worker and one
 # gpu-pool worker on GPU 0, or on the CPU without a GPU), then runs
 #   prefect deployment run dub-film/default --param source=... --param audio=... --param out=... --watch
-# and prints the output path, the report next to it (and its notes) and the run's page in the UI. Safe to run twice: the second run reuses every
-# shot (and the assembled output). The stack keeps running for the UI; `make stack-stop` stops it.
+# and prints the output path, the report next to it (and its notes) and the run's page in the UI.
+# Safe to run twice: the second run reuses every shot (and the assembled output). The stack keeps running for the UI; `make stack-stop` stops it.
 # Knobs: GPU_IDS / N_GPUS (see stack.sh), DEMO_OUT (output file), DEMO_TIMEOUT_S (watch limit, 3600).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
