@@ -60,7 +60,8 @@ test: setup chromium $(if $(filter x86_64,$(shell uname -m)),$(FFMPEG7))
 # The bundled sample film through the real deployment (scripts/demo.sh): starts the local Prefect stack
 # (server + UI, pools, deployments, one worker on GPU 0 or the CPU), runs `prefect deployment run
 # dub-film/default ... --watch` with the default config (infinitetalk in tiny mode without weights: TINY
-# RANDOM WEIGHTS, a pipeline check, NOT a dubbing result), prints the output path and the run's UI URL.
+# RANDOM WEIGHTS, a pipeline check, NOT a dubbing result), prints the output path, its report and the run's
+# UI URL.
 # Safe to run twice (the second run reuses every shot); `make stack-stop` stops the stack.
 demo: setup
 	scripts/demo.sh

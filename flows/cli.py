@@ -35,13 +35,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.render.interrupts import stop_on_signals
-from tasks.run.run_log import FORMAT, console_handler
-
 log = logging.getLogger("dubflow")
 
 # Each command imports the project modules it needs inside its function (the only function-local imports
-# of flows/): `shots` and `plan` must start without Prefect or torch (tests/test_cli.py checks it).
+# of flows/): `shots` and `plan` must start without Prefect or torch (tests/test_cli.py checks it). Outside
+# them only the standard library loads before `main`'s handlers are in place, so a Ctrl-C at the very start
+# still ends with the resume line (only the interpreter's own start-up, before this file, is out of reach).
 
 
 def _add_cast_args(p: argparse.ArgumentParser) -> None:
@@ -297,6 +296,9 @@ def cmd_dub(args: argparse.Namespace) -> int:
     log_file = log_path(workspace_root(cfg), args.source)
     if not args.debug:  # model loaders' progress bars (transformers, huggingface_hub) stay off the console
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from flows.prefect_signals import dubflow_owns_sigterm, outside_prefect_engine
+    from tasks.render.interrupts import check_stop, stop_on_signals
+
     with contextlib.ExitStack() as stack:
         server = None
         if not args.no_prefect and not os.environ.get("PREFECT_API_URL"):
@@ -306,21 +308,34 @@ def cmd_dub(args: argparse.Namespace) -> int:
 
             server = TemporaryServer()
             server.keep_log_as = log_file.with_suffix(".server.log")
+            stack.callback(server.stop)  # before it starts: a stop at any instant after this stops it
+        # from here a Ctrl-C / SIGTERM only asks to stop; the stop is raised where it is safe (a line of
+        # ours, not of Prefect's engine), else the last resort ends the process (flows/prefect_signals.py)
+        stack.enter_context(
+            stop_on_signals(
+                cfg.checks.interrupt_grace_s, _stopping, safe_to_raise=outside_prefect_engine,
+                last_resort=lambda name: _last_resort(name, args.argv, server),
+                last_resort_s=cfg.checks.interrupt_grace_s + 2.0,
+            )
+        )  # fmt: skip
+        if server is not None:
             server.start()
-            stack.callback(server.stop)
             os.environ["PREFECT_API_URL"] = server.api_url
             stack.callback(os.environ.pop, "PREFECT_API_URL", None)
         stems = _check_dub_inputs(args, cfg)
         check_run_config(cfg)  # the backend's own options (imports it: after the header-only checks)
+        check_stop()  # a Ctrl-C during the checks: nothing started yet
         import flows.film_tasks  # noqa: F401 - Prefect's import (and its logging setup, undone here)
         from tasks.run.run_log import quiet_console, run_log
 
         quiet_console(logging.DEBUG if args.debug else logging.INFO)
         stack.enter_context(run_log(log_file))
-        stack.enter_context(stop_on_signals(cfg.checks.interrupt_grace_s, _stopping))
+        if not args.no_prefect:
+            stack.enter_context(dubflow_owns_sigterm())
         out = stack.enter_context(local_output_allowed(args.out, args.source))
         if server is not None:
             log.debug("temporary Prefect server ready in %.1f s", server.wait_ready(180))
+        check_stop()
         if args.no_prefect:
             from flows.dub_film import dub_film_inline
 
@@ -340,15 +355,31 @@ def cmd_dub(args: argparse.Namespace) -> int:
 
 
 def _stopping(signal_name: str) -> None:
-    """The line a first Ctrl-C / SIGTERM prints (from the signal handler: one raw write)."""
-    os.write(2, f"dubflow: {signal_name}: stopping after the chunk in flight (again to stop now)\n".encode())
+    """The line a first Ctrl-C / SIGTERM prints (from the signal handler: one raw write; a console that is
+    gone, e.g. a `| tee` the same Ctrl-C ended, must not raise on the run's current line)."""
+    with contextlib.suppress(OSError):
+        os.write(
+            2, f"dubflow: {signal_name}: stopping after the chunk in flight (again to stop now)\n".encode()
+        )
 
 
-def _resume_line(ex: KeyboardInterrupt, argv: list[str]) -> str:
-    """The one line an interrupted command ends with: what stopped it and the command that resumes."""
+def _last_resort(signal_name: str, argv: list[str], server: Any) -> None:
+    """A stop that could not end the run in time (it was due on lines where raising it is unsafe, or the
+    clean-up hangs, e.g. on a QC thread): the resume line, the temporary server stopped, exit 130 now.
+    Finished chunks and shots are on disk already and locks are flocks the kernel drops (called from a
+    timer thread)."""
+    with contextlib.suppress(OSError):
+        os.write(2, (_resume_line(signal_name, argv) + "\n").encode())
+    if server is not None:
+        server.kill()  # whatever the main thread's own stop of it had reached
+    os._exit(130)
+
+
+def _resume_line(name: str, argv: list[str]) -> str:
+    """The one line an interrupted command ends with: what stopped it (a signal's name) and the command
+    that resumes."""
     import shlex
 
-    name = getattr(ex, "signal_name", "SIGINT")
     return (
         f"dubflow: stopped by {name}; finished shots and chunks are kept; to resume, run again: "
         f"{shlex.join(['dubflow', *argv])}"
@@ -386,8 +417,9 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 def _exit_now(code: int) -> None:
     """Exit at once with `code` after flushing the console and the log files (threads are not joined)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a console that is gone
+            stream.flush()
     logging.shutdown()
     os._exit(code)
 
@@ -398,11 +430,11 @@ def _log_note(ex: BaseException) -> str:
     return f" (traceback in {path})" if path else ""
 
 
-def main(argv: list[str] | None = None) -> int:
-    command = argv is None  # the `dubflow` command itself (not a call from Python)
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+def _console(args: argparse.Namespace) -> None:
+    """The console's logging: one line per message (tracebacks go to the run's log file), or everything
+    with `--debug`."""
+    from tasks.run.run_log import FORMAT, console_handler
+
     level = logging.DEBUG if args.debug else logging.INFO
     if args.debug:
         logging.basicConfig(level=level, format=FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
@@ -410,28 +442,39 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=level, handlers=[console_handler(level)])
     for noisy in ("httpx", "httpcore"):  # Prefect's API client logs every request at INFO
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from tasks.errors import DubflowError
 
+
+def main(argv: list[str] | None = None) -> int:
+    command = argv is None  # the `dubflow` command itself (not a call from Python)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args: argparse.Namespace | None = None
     handlers = {
         "dub": cmd_dub, "shots": cmd_shots, "plan": cmd_plan, "estimate": cmd_estimate, "weights": cmd_weights,
     }  # fmt: skip
-    try:
+    try:  # everything, so that a Ctrl-C at any instant ends with the lines below
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        _console(args)
         return handlers[args.command](args)
-    except DubflowError as ex:
-        if args.debug:
-            raise
-        print(f"dubflow: error: {ex}", file=sys.stderr)  # a user's error: the line says it all
-        return 1
     except KeyboardInterrupt as ex:  # a Ctrl-C or SIGTERM (tasks.render.interrupts): what finished is kept
-        if args.debug:
+        if args is not None and args.debug:
             raise
-        print(_resume_line(ex, argv) if args.command == "dub" else "dubflow: interrupted", file=sys.stderr)
+        name = getattr(ex, "signal_name", "SIGINT")
+        with contextlib.suppress(OSError):  # a console that is gone (`| tee` ended by the same Ctrl-C)
+            print(
+                _resume_line(name, argv) if argv[:1] == ["dub"] else "dubflow: interrupted", file=sys.stderr
+            )
         if command:  # everything that must be undone was (locks, children, the server): no waiting for
             _exit_now(130)  # a helper thread still busy with the next shot's preparation
         return 130
-    except Exception as ex:  # an unexpected failure: still one line unless --debug
-        if args.debug:
+    except Exception as ex:  # a user's error (DubflowError: the line says it all) or an unexpected failure
+        if args is not None and args.debug:
             raise
+        from tasks.errors import DubflowError
+
+        if isinstance(ex, DubflowError):
+            print(f"dubflow: error: {ex}", file=sys.stderr)
+            return 1
         where = getattr(args, "source", None) or getattr(args, "dir", None) or "dubflow"
         msg = " ".join(f"{type(ex).__name__}: {ex}".split())
         note = _log_note(ex) or " (run with --debug for the traceback)"

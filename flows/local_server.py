@@ -26,6 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tasks.render.interrupts import check_stop
+
 log = logging.getLogger(__name__)
 
 SERVER_ENV = {
@@ -71,7 +73,9 @@ class TemporaryServer:
         self.keep_log_as: Path | None = None  # set by the caller once the run's log folder exists
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started_proc: subprocess.Popen[bytes] | None = None  # kept after `stop` for `kill`
         self.started = 0.0
+        self.ready = False  # its API answered (only then can anything have been sent to it)
 
     @property
     def api_url(self) -> str:
@@ -92,14 +96,17 @@ class TemporaryServer:
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )  # fmt: skip
+        self._started_proc = self.proc
         self.started = time.monotonic()
 
     def wait_ready(self, timeout_s: float) -> float:
         """Block until the API answers its health check; the seconds since `start`. A server that exits
-        or does not answer in `timeout_s` is an error naming its log file."""
+        or does not answer in `timeout_s` is an error naming its log file; a Ctrl-C / SIGTERM
+        (`tasks.render.interrupts`) stops the wait at once."""
         assert self.proc is not None, "start() first"
         deadline = self.started + timeout_s
         while True:
+            check_stop()
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"the temporary Prefect server exited ({self.proc.returncode}); see {self.log_file}"
@@ -107,6 +114,7 @@ class TemporaryServer:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as r:
                     if r.status == 200:
+                        self.ready = True
                         return time.monotonic() - self.started
             except (OSError, urllib.error.URLError):
                 pass
@@ -116,16 +124,26 @@ class TemporaryServer:
                 )
             time.sleep(0.1)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Prefect's log and event senders drained (they would retry against a stopped server), then SIGTERM
-        to the server's process group, SIGKILL when it outlives `timeout_s`; reaped."""
+    def kill(self) -> None:
+        """SIGKILL to the server's process group now, from any thread and whatever `stop` is doing (the
+        last resort of a stop: `flows/cli.py`); nothing is waited for."""
+        proc = self._started_proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop(self, timeout_s: float = 5.0, drain: bool = True) -> None:
+        """Prefect's log and event senders drained (they would retry against a stopped server; not with
+        `drain=False`), then SIGTERM to the server's process group, SIGKILL when
+        it outlives `timeout_s` (1 s at most before it was ready); reaped. Safe before `start` and twice."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            drain_prefect()
+            if drain and self.ready:
+                drain_prefect()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
+            try:  # one still starting up may sit on SIGTERM until its start-up ends (seconds): not waited for
+                proc.wait(timeout=timeout_s if self.ready else min(timeout_s, 1.0))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

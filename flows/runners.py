@@ -113,6 +113,7 @@ class InlineRunner:
         self.errors: list[str] = []  # why shots failed, in order (also when failed.json cannot be written)
 
     def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
+        check_stop()  # a signal asked the run to stop: no new step starts
         return t.fn(*args, **kwargs)
 
     def n_workers(self) -> int:
@@ -164,6 +165,7 @@ class PrefectRunner:
         self.errors: list[str] = []  # why group runs failed, in group order
 
     def call(self, t: Any, *args: Any, **kwargs: Any) -> Any:
+        check_stop()  # a signal asked the run to stop: no new step starts
         return t(*args, **kwargs)
 
     def n_workers(self) -> int:

@@ -4,8 +4,8 @@
 # Starts the local stack (scripts/stack.sh start: server + UI, pools, deployments, the cpu worker and one
 # gpu-pool worker on GPU 0, or on the CPU without a GPU), then runs
 #   prefect deployment run dub-film/default --param source=... --param audio=... --param out=... --watch
-# and prints the output path and the run's page in the UI. Safe to run twice: the second run reuses every
-# shot (and the assembled output). The stack keeps running for the UI; `make stack-stop` stops it.
+# and prints the output path, the report next to it (and its notes) and the run's page in the UI.
+# Safe to run twice: the second run reuses every shot (and the assembled output). The stack keeps running for the UI; `make stack-stop` stops it.
 # Knobs: GPU_IDS / N_GPUS (see stack.sh), DEMO_OUT (output file), DEMO_TIMEOUT_S (watch limit, 3600).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -33,6 +33,19 @@ ui="${PREFECT_API_URL%/api}"
 echo
 if [ "$rc" -eq 0 ]; then
   echo "demo: output  $out"
+  # the report next to the film, and its notes (without weights: TINY RANDOM WEIGHTS, not a dub), which the
+  # run's event stream above never shows
+  report="${out%.*}.report.html"
+  [ ! -f "$report" ] || echo "demo: report  $report (every shot: dubbed or not and why, who, QC links)"
+  python - "${out%.*}.report.json" <<'PY' || true
+import json, sys
+try:
+    notes = json.load(open(sys.argv[1], encoding="utf-8")).get("notes", [])
+except (OSError, ValueError):
+    notes = []
+for note in notes:
+    print(f"demo: note    {note}")
+PY
 else
   echo "demo: the film run did not complete (exit $rc); see the run page and $PREFECT_HOME/logs/" >&2
 fi

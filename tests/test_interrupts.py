@@ -1,11 +1,13 @@
 """One Ctrl-C (or SIGTERM) stops a run in seconds, keeps what finished and says how to resume.
 
 The chunk loop honours a stop before the next chunk's model work (the chunk in flight is written), a second
-signal or the end of the grace period stops at once; and `dubflow dub` in its default mode (Prefect, with
+signal or the end of the grace period stops at once, but never on a line where raising is unsafe (Prefect's
+engine bookkeeping: `flows.prefect_signals`), and a last resort ends a stop that cannot be raised; and `dubflow dub` in its default mode (Prefect, with
 its own temporary server) gets one SIGINT from the terminal's process group, exits within 10 s with the
 resume line and leaves no server behind; the same command then says it is resuming, reuses the finished
 shots, and one SIGTERM stops it the same way. The sample film with the tiny model on the CPU (TINY RANDOM
-WEIGHTS: a pipeline check).
+WEIGHTS: a pipeline check). A signal at an early instant (imports, the server's start, the film steps) ends
+the command the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.prefect_signals import outside_prefect_engine
 from tasks.errors import Interrupted
 from tasks.render.interrupts import stop_on_signals, stop_requested
 from tasks.render.overlap import run_chunks
@@ -63,6 +66,70 @@ def test_a_second_signal_or_the_grace_period_stops_at_once(overlap: bool):
     assert written == [0]  # stopped inside chunk 1's model work; chunk 0 (generated before) is kept
     written, waited = _run(1, grace_s=0.3, overlap=overlap, sleep_s=30.0)  # a chunk longer than the grace
     assert written == [0] and waited < 5.0
+
+
+def test_a_stop_due_on_an_unsafe_line_is_raised_on_the_next_safe_one():
+    unsafe = True
+    stopped_at: list[bool] = []
+    with stop_on_signals(60.0, safe_to_raise=lambda frame: not unsafe) as handler:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(
+                os.getpid(), signal.SIGINT
+            )  # the second: stop now, but the main thread is on unsafe lines
+            t_end = time.monotonic() + 0.5
+            while time.monotonic() < t_end:
+                time.sleep(0.01)  # unsafe work: the stop is retried, never raised here
+            unsafe = False
+            while True:
+                time.sleep(0.01)
+        except Interrupted as ex:
+            stopped_at.append(unsafe)
+            assert ex.signal_name == "SIGINT"
+    assert stopped_at == [False] and handler.deferred >= 3
+
+
+def test_the_last_resort_ends_a_stop_that_cannot_be_raised():
+    called: list[tuple[str, float]] = []
+    with stop_on_signals(0.2, safe_to_raise=lambda frame: False, last_resort=lambda name: called.append(
+        (name, time.monotonic())), last_resort_s=0.5) as handler:  # fmt: skip
+        t0 = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        while not called and time.monotonic() < t0 + 5:
+            time.sleep(0.01)  # never a line where the stop may be raised
+    assert [name for name, _ in called] == ["SIGTERM"] and 0.6 < called[0][1] - t0 < 2.0, called
+    assert handler.deferred >= 3
+
+
+def test_prefect_engine_lines_are_unsafe_and_our_code_inside_a_run_is_safe(tmp_path: Path):
+    """Real frames of code compiled under a stand-in Prefect directory: the engine, its call into a flow's
+    or task's own function, its other modules (logging, an import)."""
+    root = str(tmp_path / "prefect") + os.sep
+    here: dict[str, object] = {}
+
+    def frame_of(*chain: str) -> object:
+        """The frame of our innermost function, called through `chain` (Prefect files, outermost first)."""
+
+        def ours() -> object:
+            return sys._getframe()
+
+        fn = ours
+        for path in reversed(chain):
+            name = "call_with_parameters" if path.endswith("callables.py") else "engine_step"
+            code = f"def {name}(fn):\n    return fn()\n"
+            exec(compile(code, root + path, "exec"), here)
+            fn = (lambda f, inner: lambda: f(inner))(here[name], fn)
+        return fn()
+
+    assert outside_prefect_engine(frame_of(), root)  # no run at all
+    assert outside_prefect_engine(frame_of("flows.py", "callables.py"), root)  # Prefect, not in an engine
+    assert outside_prefect_engine(frame_of("task_engine.py", "callables.py"), root)  # a task's own code
+    assert not outside_prefect_engine(frame_of("task_engine.py"), root)  # called from engine bookkeeping
+    # a task's code inside a flow's code, then inside Prefect's logging: unsafe; our code again: safe
+    assert not outside_prefect_engine(frame_of("flow_engine.py", "callables.py", "logging.py"), root)
+    assert outside_prefect_engine(
+        frame_of("flow_engine.py", "callables.py", "task_engine.py", "callables.py"), root
+    )
 
 
 # ------------------------------------------------------------------------------------- the command
@@ -147,3 +214,31 @@ def test_one_sigint_stops_the_default_mode_in_seconds_and_the_same_command_resum
     assert rc == 130 and seconds < 10, (rc, seconds, second.lines[-20:])
     assert second.lines[-1].startswith("dubflow: stopped by SIGTERM;"), second.lines[-5:]
     assert _servers(home) == []
+
+
+@pytest.mark.parametrize(
+    "sig, when",
+    [(signal.SIGINT, 0.3), (signal.SIGINT, 0.6), (signal.SIGTERM, 1.5), (signal.SIGINT, 3.0),
+     (signal.SIGTERM, "5 shot(s): cuts at")],
+)  # fmt: skip
+def test_a_signal_at_an_early_instant_stops_the_command_the_same_way(
+    tmp_path: Path, sig: signal.Signals, when: float | str
+):
+    """Imports, the temporary server's start, Prefect's import, the flow's first steps: exit 130 within 10 s
+    with the resume line, no traceback, no server left, no output."""
+    home, ws = tmp_path / "prefect", tmp_path / "ws"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(home), "DUBFLOW_WORKSPACE_ROOTS": str(tmp_path), "PYTHONPATH": str(REPO)}
+    args = ["dub", str(FILM), "--audio", str(DUB), "--out", str(tmp_path / "out" / "film.mp4"),
+            "--set", f"workspace.root={ws}"]  # fmt: skip
+    run = Command(args, env)
+    if isinstance(when, str):
+        run.wait_for(when, timeout_s=300)
+    else:
+        time.sleep(when)
+    rc, seconds = run.stop(sig)
+    assert rc == 130 and seconds < 10, (rc, seconds, run.lines[-20:])
+    assert run.lines[-1].startswith(f"dubflow: stopped by {sig.name};"), run.lines[-5:]
+    assert not any("Traceback" in line or "Error" in line for line in run.lines), run.lines
+    assert _servers(home) == []
+    assert not (tmp_path / "out" / "film.mp4").exists()

@@ -41,7 +41,15 @@ def ffmpeg_exe() -> str:
         return override
     import imageio_ffmpeg
 
-    return imageio_ffmpeg.get_ffmpeg_exe()
+    # imageio-ffmpeg checks its candidates by running them in our process group, where a Ctrl-C would kill
+    # the check and read as "no ffmpeg found" (exit 1 instead of a stop): with SIGINT and SIGTERM blocked
+    # in this thread the checks start with them blocked too (exec keeps the mask), and ours are delivered
+    # once the lookup returns
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @cache
