@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,18 @@ from tasks.render.overlap import run_chunks
 
 REPO = Path(__file__).resolve().parents[1]
 FILM, DUB = REPO / "data" / "sample_film.mp4", REPO / "data" / "sample_dub.wav"
+
+
+@pytest.fixture(autouse=True)
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C as a terminal delivers it: a suite started as a shell's background job (`make test &`)
+    inherits SIGINT ignored, and so would every command these tests start (an ignored signal stays ignored
+    across exec). Python's own handler for the test, the inherited disposition back after it."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def _run(
