@@ -212,7 +212,16 @@ def _answer_in_the_form(page, url: str, want: str, screenshot: str | None) -> No
     if screenshot:
         page.screenshot(path=screenshot)
     dialog.get_by_role("button", name="Submit").click()
-    dialog.wait_for(state="hidden", timeout=30_000)  # accepted: the modal closes (a rejected value keeps it)
+    oops = page.get_by_text("Something went wrong")  # the UI's toast when its request to the server failed
+    try:  # accepted: the modal closes (a rejected value keeps it)
+        dialog.wait_for(state="hidden", timeout=30_000)
+    except Exception:
+        if not oops.count():  # the form stayed open for another reason (a rejected value): that fails here
+            raise
+        # a loaded server answered the resume with an error (seen once on a 2-core box under a full
+        # suite): the user presses Submit again, the same answer
+        dialog.get_by_role("button", name="Submit").click()
+        dialog.wait_for(state="hidden", timeout=30_000)
 
 
 def test_answer_in_the_prefect_ui_with_headless_chromium(stack: Stack, film: dict, tmp_path: Path):
