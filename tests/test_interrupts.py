@@ -202,12 +202,19 @@ class Command:
         return rc, time.monotonic() - t0
 
 
-def test_one_sigint_stops_the_default_mode_in_seconds_and_the_same_command_resumes(tmp_path: Path):
+def _dub_command(tmp_path: Path) -> tuple[Path, Path, list[str], dict[str, str]]:
+    """The sample film's `dubflow dub` in the default mode under `tmp_path`: its Prefect home, workspace,
+    arguments and environment (no PREFECT_ setting of the caller's)."""
     home, ws = tmp_path / "prefect", tmp_path / "ws"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {"PREFECT_HOME": str(home), "DUBFLOW_WORKSPACE_ROOTS": str(tmp_path), "PYTHONPATH": str(REPO)}
     args = ["dub", str(FILM), "--audio", str(DUB), "--out", str(tmp_path / "out" / "film.mp4"),
             "--set", f"workspace.root={ws}"]  # fmt: skip
+    return home, ws, args, env
+
+
+def test_one_sigint_stops_the_default_mode_in_seconds_and_the_same_command_resumes(tmp_path: Path):
+    home, ws, args, env = _dub_command(tmp_path)
 
     first = Command(args, env)
     first.wait_for("shot 0000 done", timeout_s=900)  # shots 1-2 copy, then shot 3's chunk (tens of seconds)
@@ -239,11 +246,7 @@ def test_a_signal_at_an_early_instant_stops_the_command_the_same_way(
 ):
     """Imports, the temporary server's start, Prefect's import, the flow's first steps: exit 130 within 10 s
     with the resume line, no traceback, no server left, no output."""
-    home, ws = tmp_path / "prefect", tmp_path / "ws"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(home), "DUBFLOW_WORKSPACE_ROOTS": str(tmp_path), "PYTHONPATH": str(REPO)}
-    args = ["dub", str(FILM), "--audio", str(DUB), "--out", str(tmp_path / "out" / "film.mp4"),
-            "--set", f"workspace.root={ws}"]  # fmt: skip
+    home, ws, args, env = _dub_command(tmp_path)
     run = Command(args, env)
     if isinstance(when, str):
         run.wait_for(when, timeout_s=300)
